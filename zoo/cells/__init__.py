@@ -1,1 +1,8 @@
-"""(filled in below)"""
+"""Cells: the recurrent cores (lstm, slstm, mlstm). See :mod:`xlstm_zoo.cells.base` for the contract."""
+
+from xlstm_zoo.cells.base import Cell
+from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
+from xlstm_zoo.cells.mlstm import MLSTMCell, MLSTMCellConfig
+from xlstm_zoo.cells.slstm import SLSTMCell, SLSTMCellConfig
+
+__all__ = ["Cell", "LSTMCell", "LSTMCellConfig", "MLSTMCell", "MLSTMCellConfig", "SLSTMCell", "SLSTMCellConfig"]

@@ -1,0 +1,40 @@
+"""What blocks share: the block contract and building a cell that fits.
+
+A block maps ``x [B, T, dim] -> [B, T, dim]`` and carries a state (its cell's state, plus a conv
+state where it has a causal conv): ``init_state(batch)``, ``forward(x, state=None)``,
+``step(x_t, state)``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from xlstm_zoo.config import BuildContext, build
+
+
+class ConvBlockState(NamedTuple):
+    """State of a block with a causal conv: the cell's state and the conv's last inputs."""
+
+    cell: object
+    conv: torch.Tensor
+
+
+def build_cell(config, ctx: BuildContext, dim: int) -> nn.Module:
+    """Build the block's cell for ``dim`` input features; it must return ``dim`` features."""
+    cell = build(config, ctx.at("cell", dim=dim), "cell")
+    if getattr(cell, "out_dim", dim) != dim:
+        raise ctx.error(f"cell {config.type!r} outputs {cell.out_dim} features but this block needs {dim} "
+                        f"(its input size); choose a cell whose output size equals its input", "cell")
+    return cell
+
+
+def cell_heads(cell) -> int:
+    return getattr(cell, "num_heads", 1)
+
+
+class Block(nn.Module):
+    def init_state(self, batch: int, device=None):
+        return self.cell.init_state(batch, device)

@@ -1,0 +1,68 @@
+"""``pre_up``: the mLSTM-style pre-up-projection block (DESIGN.md section 3).
+
+pre-norm -> up-project x2 into an inner branch and a gate branch z -> causal depthwise conv + SiLU
+on the inner branch -> cell (keys and gates from the conv path, values from the pre-conv inner
+branch) -> multi-head norm -> + learnable skip from the conv path -> * SiLU(z) -> down-project,
+all inside a residual.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from xlstm_zoo.blocks.base import Block, ConvBlockState, build_cell, cell_heads
+from xlstm_zoo.cells.mlstm import MLSTMCellConfig
+from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.layers import CausalConv1d
+from xlstm_zoo.norms import LayerNormConfig, MultiHeadLayerNormConfig
+from xlstm_zoo.registry import component
+
+
+class PreUpBlockConfig(ZooConfig):
+    type: Literal["pre_up"] = "pre_up"
+    cell: Spec("cell") = Field(default_factory=MLSTMCellConfig)
+    proj_factor: float = Field(2.0, gt=0, description="inner size = proj_factor * dim")
+    conv_kernel: int = Field(4, ge=1, description="causal depthwise conv kernel size")
+    norm: Spec("norm") = Field(default_factory=LayerNormConfig)
+    cell_norm: Spec("norm") = Field(default_factory=MultiHeadLayerNormConfig)
+
+
+@component("block", "pre_up", config=PreUpBlockConfig, description="mLSTM-style block: up-projection, causal conv, cell, multi-head norm, SiLU gate, down-projection")
+class PreUpBlock(Block):
+    def __init__(self, config: PreUpBlockConfig, ctx: BuildContext):
+        super().__init__()
+        inner = round(config.proj_factor * ctx.dim)
+        self.norm = build(config.norm, ctx.at("norm"), "norm")
+        self.up = torch.nn.Linear(ctx.dim, 2 * inner, bias=False)
+        self.conv = CausalConv1d(inner, config.conv_kernel)
+        self.cell = build_cell(config.cell, ctx, inner)
+        self.cell_norm = build(config.cell_norm, ctx.at("cell_norm", dim=inner, heads=cell_heads(self.cell)), "norm")
+        self.skip = torch.nn.Parameter(torch.ones(inner))
+        self.down = torch.nn.Linear(inner, ctx.dim, bias=False)
+
+    def init_state(self, batch: int, device=None) -> ConvBlockState:
+        return ConvBlockState(self.cell.init_state(batch, device), self.conv.init_state(batch, device or self.skip.device))
+
+    def _out(self, x, x_conv, z, y):
+        y = (self.cell_norm(y) + self.skip * x_conv) * F.silu(z)
+        return x + self.down(y)
+
+    def forward(self, x, state=None):
+        if state is None:
+            state = self.init_state(x.shape[0])
+        inner, z = self.up(self.norm(x)).chunk(2, dim=-1)
+        x_conv, conv_state = self.conv(inner, state.conv)
+        x_conv = F.silu(x_conv)
+        y, cell_state = self.cell(x_conv, state.cell, value_input=inner)
+        return self._out(x, x_conv, z, y), ConvBlockState(cell_state, conv_state)
+
+    def step(self, x_t, state):
+        inner, z = self.up(self.norm(x_t)).chunk(2, dim=-1)
+        x_conv, conv_state = self.conv.step(inner, state.conv)
+        x_conv = F.silu(x_conv)
+        y, cell_state = self.cell.step(x_conv, state.cell, value_input=inner)
+        return self._out(x_t, x_conv, z, y), ConvBlockState(cell_state, conv_state)

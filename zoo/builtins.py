@@ -1,0 +1,33 @@
+"""The core plugin: registers every built-in component through the same hook as third parties."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.plugins import hookimpl
+from xlstm_zoo.registry import tagged_components
+
+
+class ReferenceBackendConfig(ZooConfig):
+    type: Literal["reference"] = "reference"
+
+
+def _reference_backend(config: ReferenceBackendConfig):
+    from xlstm_zoo.backends.reference import reference_backend
+
+    return reference_backend()
+
+
+@hookimpl
+def register_components(register):
+    from xlstm_zoo import gates, norms, stacks
+    from xlstm_zoo.blocks import mlstm_7b, plain, post_up, pre_up, residual
+    from xlstm_zoo.cells import lstm, mlstm, slstm
+    from xlstm_zoo.models import classifier, lm
+
+    for module in (lstm, slstm, mlstm, gates, norms, plain, residual, pre_up, post_up, mlstm_7b, stacks, lm, classifier):
+        for builder in tagged_components(module):
+            register(builder)
+    register(kind="backend", name="reference", config=ReferenceBackendConfig, builder=_reference_backend,
+             description="pure PyTorch: differentiable, any device, the ground truth for every other backend")

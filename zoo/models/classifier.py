@@ -1,0 +1,61 @@
+"""``classifier``: a stack over tokens or feature vectors with a classification head.
+
+``pool: last`` or ``mean`` classifies whole sequences; ``pool: none`` tags every token.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.registry import component
+from xlstm_zoo.stacks import XLSTMStackConfig
+
+
+class ClassifierConfig(ZooConfig):
+    type: Literal["classifier"] = "classifier"
+    vocab_size: int | None = Field(None, ge=1, description="token inputs: size of the vocabulary")
+    input_dim: int | None = Field(None, ge=1, description="feature inputs: size of each input vector")
+    dim: int = Field(128, ge=1)
+    num_classes: int = Field(2, ge=1)
+    pool: Literal["last", "mean", "none"] = Field("last", description="none: one prediction per token (tagging)")
+    stack: Spec("stack") = Field(default_factory=XLSTMStackConfig)
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.vocab_size is None) == (self.input_dim is None):
+            raise ValueError("give exactly one of vocab_size (token inputs) or input_dim (feature inputs)")
+        return self
+
+
+@component("model", "classifier", config=ClassifierConfig, description="sequence classifier (last/mean pooling) or per-token tagger")
+class Classifier(nn.Module):
+    def __init__(self, config: ClassifierConfig, ctx: BuildContext | None = None):
+        super().__init__()
+        ctx = BuildContext(dim=config.dim, path=ctx.path if ctx else "model")
+        self.config = config
+        self.embed = (nn.Embedding(config.vocab_size, config.dim) if config.vocab_size
+                      else nn.Linear(config.input_dim, config.dim))
+        self.stack = build(config.stack, ctx.at("stack"), "stack")
+        self.head = nn.Linear(config.dim, config.num_classes)
+
+    def init_state(self, batch: int, device=None) -> tuple:
+        return self.stack.init_state(batch, device or self.head.weight.device)
+
+    def forward(self, x: torch.Tensor, state: tuple | None = None):
+        """``x [B, T]`` tokens or ``[B, T, input_dim]`` -> ``[B, classes]`` (or ``[B, T, classes]``), state."""
+        h, state = self.stack(self.embed(x), state)
+        if self.config.pool == "last":
+            h = h[:, -1]
+        elif self.config.pool == "mean":
+            h = h.mean(1)
+        return self.head(h), state
+
+    def step(self, x_t: torch.Tensor, state: tuple):
+        """One token (``[B]``) or vector (``[B, input_dim]``) -> per-token logits ``[B, classes]``, state."""
+        h, state = self.stack.step(self.embed(x_t), state)
+        return self.head(h), state

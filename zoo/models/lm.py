@@ -1,0 +1,76 @@
+"""``causal_lm``: embedding -> stack -> head, with step-wise generation that carries the state."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.registry import component
+from xlstm_zoo.stacks import XLSTMStackConfig
+
+
+class CausalLMConfig(ZooConfig):
+    type: Literal["causal_lm"] = "causal_lm"
+    vocab_size: int = Field(256, ge=1)
+    dim: int = Field(128, ge=1, description="embedding and residual-stream width")
+    stack: Spec("stack") = Field(default_factory=XLSTMStackConfig)
+    tie_weights: bool = Field(True, description="share the embedding matrix with the output head")
+
+
+@component("model", "causal_lm", config=CausalLMConfig, description="causal language model with stateful step-wise generation")
+class CausalLM(nn.Module):
+    def __init__(self, config: CausalLMConfig, ctx: BuildContext | None = None):
+        super().__init__()
+        ctx = BuildContext(dim=config.dim, path=ctx.path if ctx else "model")
+        self.config = config
+        self.embedding = nn.Embedding(config.vocab_size, config.dim)
+        nn.init.normal_(self.embedding.weight, std=config.dim ** -0.5)
+        self.stack = build(config.stack, ctx.at("stack"), "stack")
+        self.head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.head.weight = self.embedding.weight
+
+    def init_state(self, batch: int, device=None) -> tuple:
+        return self.stack.init_state(batch, device or self.embedding.weight.device)
+
+    def forward(self, tokens: torch.Tensor, state: tuple | None = None):
+        """``tokens [B, T]`` -> ``logits [B, T, vocab]``, final state."""
+        h, state = self.stack(self.embedding(tokens), state)
+        return self.head(h), state
+
+    def step(self, token: torch.Tensor, state: tuple):
+        """``token [B]`` -> ``logits [B, vocab]``, next state."""
+        h, state = self.stack.step(self.embedding(token), state)
+        return self.head(h), state
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: int | None = None, greedy: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue ``prompt [B, T>=1]`` by ``max_new_tokens``: one parallel pass over the prompt,
+        then one recurrent step per token (constant memory, no recomputation)."""
+        if prompt.ndim != 2 or prompt.shape[1] < 1:
+            raise ValueError(f"prompt must be [batch, T>=1] token ids, got shape {tuple(prompt.shape)}")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {temperature} (use greedy=True)")
+        logits, state = self(prompt)
+        logits, out = logits[:, -1], [prompt]
+        for i in range(max_new_tokens):
+            token = pick_token(logits, temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
+            out.append(token[:, None])
+            if i + 1 < max_new_tokens:
+                logits, state = self.step(token, state)
+        return torch.cat(out, dim=1)
+
+
+def pick_token(logits, *, temperature=1.0, top_k=None, greedy=False, generator=None) -> torch.Tensor:
+    if greedy:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
