@@ -1,0 +1,1 @@
+"""Shipped recipes (YAML data); see `xlstm-zoo recipes`."""

@@ -1,0 +1,1 @@
+"""Shipped model recipes (YAML data)."""
