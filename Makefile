@@ -1,0 +1,31 @@
+# Two commands on a fresh machine:
+#   make demo   set up, then run the main job on the built-in default (every shipped recipe)
+#   make test   set up, then run the test suite
+# Both install into ./.venv (it sees packages already installed system-wide, so an existing
+# torch is reused). torch is pinned to the CPU wheel first, so pip never pulls a CUDA build.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test clean
+
+$(VENV)/.runtime: pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(VENV)/bin/xlstm-zoo demo
+
+test: $(VENV)/.test
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache
