@@ -1,0 +1,81 @@
+"""Chunkwise form: states passed recurrently between chunks, the parallel form inside each chunk.
+
+Memory is linear in T: the largest intermediate is ``[B, H, T / L, L, L]`` for chunk size L, plus
+one ``(C, n, m)`` per chunk boundary. The sequence splits into ``T // L`` full chunks, handled as
+one batch, and a shorter tail chunk (if ``L`` does not divide T) handled on its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xlstm_zoo.backends.gating import GateSchemes
+from xlstm_zoo.backends.reference.mlstm.parallel import parallel_core
+from xlstm_zoo.backends.reference.mlstm.step import prepare
+from xlstm_zoo.backends.states import MLSTMState
+
+
+def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
+    """Chunked tensors ``[..., NC, L, D]``; returns the states entering each chunk (stacked on a
+    new ``NC`` axis) and the state after the last one."""
+    # Log decay from each position to the end of its chunk, excluding its own forget gate:
+    # exclusive suffix sums, taken as reversed cumulative sums (no differences of prefix sums).
+    suffix = log_f.flip(-1).cumsum(-1).flip(-1)                    # sum_{r >= s}
+    chunk_log_f = suffix[..., 0]                                    # [..., NC] whole-chunk decay
+    to_end = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], dim=-1)
+    log_a = to_end + log_i                                          # [..., NC, L]
+    log_a_max = log_a.amax(-1)                                      # [..., NC]
+    k_w = k * torch.exp(log_a - log_a_max.unsqueeze(-1)).unsqueeze(-1)
+    C_chunk = k_w.transpose(-2, -1) @ v                             # [..., NC, Dk, Dv], scaled by exp(-a_max)
+    n_chunk = k_w.sum(-2)                                           # [..., NC, Dk]
+
+    entering = ([], [], [])
+    for c in range(log_f.shape[-2]):
+        for store, x in zip(entering, (C, n, m)):
+            store.append(x)
+        # Same stabilised update as one step, with a whole chunk as the "token".
+        gm = chunk_log_f[..., c] + m
+        m_new = torch.maximum(gm, log_a_max[..., c])
+        f_act = torch.exp(gm - m_new)
+        i_act = torch.exp(log_a_max[..., c] - m_new)
+        C = f_act[..., None, None] * C + i_act[..., None, None] * C_chunk[..., c, :, :]
+        n = f_act[..., None] * n + i_act[..., None] * n_chunk[..., c, :]
+        m = m_new
+    C_in = torch.stack(entering[0], dim=-3)                         # [..., NC, Dk, Dv]
+    n_in = torch.stack(entering[1], dim=-2)                         # [..., NC, Dk]
+    m_in = torch.stack(entering[2], dim=-1)                         # [..., NC]
+    return (C_in, n_in, m_in), (C, n, m)
+
+
+def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int):
+    """Prepared tensors ``[..., T, D]`` -> ``h [..., T, Dv]``, final ``(C, n, m)``."""
+    if chunk_size < 1:
+        raise ValueError(f"mLSTM chunk_size must be >= 1, got {chunk_size}")
+    T = q.shape[-2]
+    L = chunk_size
+    full = (T // L) * L
+    hs = []
+    if full:
+        nc = full // L
+
+        def chunked(x):
+            return x[..., :full, :].unflatten(-2, (nc, L))
+
+        qc, kc, vc = chunked(q), chunked(k), chunked(v)
+        ic, fc = log_i[..., :full].unflatten(-1, (nc, L)), log_f[..., :full].unflatten(-1, (nc, L))
+        (C_in, n_in, m_in), (C, n, m) = _chunk_boundary_states(kc, vc, ic, fc, C, n, m)
+        h, _ = parallel_core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps, return_state=False)
+        hs.append(h.flatten(-3, -2))
+    if full < T:
+        h, (C, n, m) = parallel_core(q[..., full:, :], k[..., full:, :], v[..., full:, :],
+                                     log_i[..., full:], log_f[..., full:], C, n, m, eps)
+        hs.append(h)
+    return torch.cat(hs, dim=-2) if len(hs) > 1 else hs[0], (C, n, m)
+
+
+def mlstm_chunkwise(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
+                    qk_scale: float | None = None, eps: float = 1e-6, chunk_size: int = 64) -> tuple[torch.Tensor, MLSTMState]:
+    """mLSTM over ``[B,H,T,D]`` inputs, chunk by chunk (memory linear in T, any T)."""
+    q, k, v_c, log_i, log_f, C, n, m = prepare(q, k, v, i_pre, f_pre, state, gates, qk_scale, time_axis=True)
+    h, (C, n, m) = chunkwise_core(q, k, v_c, log_i, log_f, C, n, m, eps, chunk_size)
+    return h.to(v.dtype), MLSTMState(C, n, m)

@@ -1,0 +1,56 @@
+"""Parallel form: the full causal T x T decay matrix (quadratic in T), with an initial state.
+
+Log weight of key s in row t: ``D_ts = sum_{r=s+1..t} log f_r + log i_s`` (s <= t); the initial
+state enters as one more term with log weight ``w_t = sum_{r=1..t} log f_r + m_0``. The row
+stabiliser ``m_t = max(max_s D_ts, w_t)`` is exactly the recurrent running maximum, so the
+stabilised readout, and the final state taken from the last row, match the recurrent form.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xlstm_zoo.backends.gating import GateSchemes
+from xlstm_zoo.backends.reference.mlstm.step import prepare, readout
+from xlstm_zoo.backends.states import MLSTMState
+
+
+def log_decay_matrix(log_i: torch.Tensor, log_f: torch.Tensor) -> torch.Tensor:
+    """``D [..., T, T]``: ``D_ts`` for s <= t, -inf above the diagonal."""
+    T = log_f.shape[-1]
+    ones = torch.ones(T, T, dtype=torch.bool, device=log_f.device)
+    # Cumulative sum down each column of a strictly-lower mask of log f gives every segment sum
+    # directly, without differences of long prefix sums (no cancellation for long or extreme gates).
+    seg = log_f.unsqueeze(-1).expand(*log_f.shape, T).masked_fill(~ones.tril(-1), 0.0).cumsum(-2)
+    return torch.where(ones.tril(), seg + log_i.unsqueeze(-2), float("-inf"))
+
+
+def parallel_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, return_state: bool = True):
+    """Prepared tensors with any leading dims ``[..., T, D]`` and an initial state ``C0 [..., Dk, Dv]``,
+    ``n0 [..., Dk]``, ``m0 [...]``. Returns ``h [..., T, Dv]`` and the final ``(C, n, m)`` (or None)."""
+    log_d = log_decay_matrix(log_i, log_f)                         # [..., T, T]
+    log_w0 = log_f.cumsum(-1) + m0.unsqueeze(-1)                  # [..., T] initial-state weight
+    m = torch.maximum(log_d.amax(-1), log_w0)                     # [..., T] row stabiliser
+    d = torch.exp(log_d - m.unsqueeze(-1))                        # masked entries -> exactly 0
+    w0 = torch.exp(log_w0 - m)
+    scores = (q @ k.transpose(-2, -1)) * d
+    num = scores @ v + w0.unsqueeze(-1) * (q @ C0)
+    qn = scores.sum(-1) + w0 * (q @ n0.unsqueeze(-1)).squeeze(-1)
+    h = readout(num, qn, m, eps)
+    if not return_state:
+        return h, None
+    m_last = m[..., -1]
+    w_last = torch.exp(log_d[..., -1, :] - m_last.unsqueeze(-1))  # [..., T] weights of the last row
+    w0_last = w0[..., -1]
+    k_w = k * w_last.unsqueeze(-1)
+    C = w0_last[..., None, None] * C0 + k_w.transpose(-2, -1) @ v
+    n = w0_last[..., None] * n0 + k_w.sum(-2)
+    return h, (C, n, m_last)
+
+
+def mlstm_parallel(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
+                   qk_scale: float | None = None, eps: float = 1e-6) -> tuple[torch.Tensor, MLSTMState]:
+    """mLSTM over ``[B,H,T,D]`` inputs with a T x T decay matrix (memory quadratic in T)."""
+    q, k, v_c, log_i, log_f, C, n, m = prepare(q, k, v, i_pre, f_pre, state, gates, qk_scale, time_axis=True)
+    h, (C, n, m) = parallel_core(q, k, v_c, log_i, log_f, C, n, m, eps)
+    return h.to(v.dtype), MLSTMState(C, n, m)
