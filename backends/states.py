@@ -21,12 +21,12 @@ class MLSTMState(NamedTuple):
     m: torch.Tensor
 
     @staticmethod
-    def zeros(batch, heads, dk, dv, device=None) -> "MLSTMState":
-        f32 = dict(dtype=torch.float32, device=device)
+    def zeros(batch, heads, dk, dv, device=None, dtype=torch.float32) -> "MLSTMState":
+        like = dict(dtype=dtype, device=device)
         return MLSTMState(
-            torch.zeros(batch, heads, dk, dv, **f32),
-            torch.zeros(batch, heads, dk, **f32),
-            torch.zeros(batch, heads, **f32),
+            torch.zeros(batch, heads, dk, dv, **like),
+            torch.zeros(batch, heads, dk, **like),
+            torch.zeros(batch, heads, **like),
         )
 
 
@@ -44,9 +44,9 @@ class SLSTMState(NamedTuple):
     h: torch.Tensor
 
     @staticmethod
-    def zeros(batch, heads, dh, device=None) -> "SLSTMState":
-        f32 = dict(dtype=torch.float32, device=device)
-        zero = torch.zeros(batch, heads, dh, **f32)
+    def zeros(batch, heads, dh, device=None, dtype=torch.float32) -> "SLSTMState":
+        like = dict(dtype=dtype, device=device)
+        zero = torch.zeros(batch, heads, dh, **like)
         return SLSTMState(zero, zero.clone(), torch.full_like(zero, float("-inf")), zero.clone())
 
 
@@ -57,6 +57,6 @@ class LSTMState(NamedTuple):
     h: torch.Tensor
 
     @staticmethod
-    def zeros(batch, heads, dh, device=None) -> "LSTMState":
-        zero = torch.zeros(batch, heads, dh, dtype=torch.float32, device=device)
+    def zeros(batch, heads, dh, device=None, dtype=torch.float32) -> "LSTMState":
+        zero = torch.zeros(batch, heads, dh, dtype=dtype, device=device)
         return LSTMState(zero, zero.clone())

@@ -38,9 +38,7 @@ def initial_state(state: MLSTMState | None, lead: tuple[int, ...], dk: int, dv: 
                   dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(C, n, m)`` in the compute dtype; ``None`` is the zero state (C = n = 0, m = 0)."""
     if state is None:
-        return (torch.zeros(*lead, dk, dv, dtype=dtype, device=device),
-                torch.zeros(*lead, dk, dtype=dtype, device=device),
-                torch.zeros(*lead, dtype=dtype, device=device))
+        return tuple(MLSTMState.zeros(*lead, dk, dv, device=device, dtype=dtype))
     C, n, m = state
     expected = ((*lead, dk, dv), (*lead, dk), lead)
     for name, tensor, shape in zip("Cnm", (C, n, m), expected):
