@@ -96,7 +96,7 @@ def test_overrides():
 ])
 def test_override_errors(override, match):
     if match is None:
-        with pytest.raises(ConfigError, match=r"model.stack.blocks.m.cell.num_heads: num_heads=3 must divide dim=256"):
+        with pytest.raises(ConfigError, match=r"model.stack.blocks.m.cell.num_heads: num_heads=3 must divide the block.s inner size proj_factor\*dim=2\*128=256"):
             build(load_recipe("xlstm_1_0", [override]))
     else:
         with pytest.raises(ConfigError, match=match):

@@ -12,7 +12,8 @@ import sys
 import time
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from rich.table import Column, Table
 
 from xlstm_zoo.errors import ZooError
 
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     except ZooError as err:
         if args.debug:
             raise
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
 
 
@@ -129,13 +130,13 @@ def cmd_build(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     model = build(recipe)
-    if args.dump:
-        console.print(yaml.safe_dump(recipe.model_dump(), sort_keys=False), highlight=False)
-    print_summary(recipe, model)
+    if args.dump:  # plain stdout, so `--dump > r.yaml` gives a loadable file; the table goes to stderr
+        sys.stdout.write(yaml.safe_dump(recipe.model_dump(), sort_keys=False))
+    print_summary(recipe, model, Console(stderr=True) if args.dump else console)
     return 0
 
 
-def print_summary(recipe, model) -> None:
+def print_summary(recipe, model, out: Console = console) -> None:
     stack = model.stack
     table = Table("block", "type", "cell", "heads", "params", title=f"{recipe.name or 'recipe'}: {recipe.model.type}")
     for i, (block, kind) in enumerate(zip(stack.blocks, stack.block_types)):
@@ -145,7 +146,7 @@ def print_summary(recipe, model) -> None:
     block_params = sum(_count(b) for b in stack.blocks)
     table.add_row("", "other", "embedding, head, norms", "", f"{_count(model) - block_params:,}")
     table.add_row("", "[bold]total", "", "", f"[bold]{_count(model):,}")
-    console.print(table)
+    out.print(table)
 
 
 def _count(module) -> int:
@@ -177,7 +178,8 @@ def cmd_demo(args) -> int:
     from xlstm_zoo.recipe import build, load_recipe, shipped_recipes
 
     names = [n for n in shipped_recipes() if n.startswith("models/")]
-    table = Table("recipe", "params", f"forward T={args.seq_len} (ms)", "step == forward (max abs diff)",
+    table = Table(Column("recipe", no_wrap=True), Column("params", no_wrap=True, justify="right"),
+                  f"forward T={args.seq_len} (ms)", "step == forward (max abs diff)",
                   f"generate {args.tokens} (tok/s)", "sample (bytes)", title="xlstm-zoo demo: shipped model recipes on " + _device_name())
     torch.manual_seed(0)
     failures = 0

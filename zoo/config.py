@@ -143,6 +143,7 @@ class BuildContext:
     num_blocks: int = 1
     heads: int = 1
     units: int | None = None
+    dim_name: str = "dim"  # how errors name `dim` (a block may hand its cell an inner size)
 
     def at(self, field: str, **changes) -> "BuildContext":
         return replace(self, path=f"{self.path}.{field}" if self.path else field, **changes)
@@ -152,7 +153,8 @@ class BuildContext:
         path = f"{self.path}.{field}" if field else self.path
         return ConfigError(message, path=path)
 
-    def require_divisible(self, value: int, heads: int, what: str, field: str = "num_heads") -> int:
+    def require_divisible(self, value: int, heads: int, what: str | None = None, field: str = "num_heads") -> int:
+        what = what or self.dim_name
         if heads <= 0 or value % heads:
             raise self.error(f"{field}={heads} must divide {what}={value} (allowed: divisors of {value}: "
                              f"{', '.join(str(d) for d in range(1, value + 1) if value % d == 0)})", field)

@@ -82,7 +82,7 @@ class RMSNorm(_Norm):
            description="LayerNorm per head (the cell's heads), one affine map over all features")
 class MultiHeadLayerNorm(_Norm):
     def __init__(self, config: MultiHeadLayerNormConfig, ctx: BuildContext):
-        ctx.require_divisible(ctx.dim, ctx.heads, "dim", field="heads")
+        ctx.require_divisible(ctx.dim, ctx.heads, field="heads")
         super().__init__(ctx.dim, ctx.heads, config.eps, centre=True, bias=False)
 
 
@@ -90,7 +90,7 @@ class MultiHeadLayerNorm(_Norm):
            description="RMSNorm per head (the cell's heads), one scale over all features")
 class MultiHeadRMSNorm(_Norm):
     def __init__(self, config: MultiHeadRMSNormConfig, ctx: BuildContext):
-        ctx.require_divisible(ctx.dim, ctx.heads, "dim", field="heads")
+        ctx.require_divisible(ctx.dim, ctx.heads, field="heads")
         super().__init__(ctx.dim, ctx.heads, config.eps, centre=False, bias=False)
 
 

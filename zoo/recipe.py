@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, PrivateAttr, ValidationError
 from torch import nn
 
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build as build_component, format_validation_error
@@ -26,6 +26,12 @@ class Recipe(ZooConfig):
     name: str = Field("", description="short name, used in tables")
     description: str = ""
     model: Spec("model") = Field(default_factory=CausalLMConfig)
+    _source: str | None = PrivateAttr(None)  # the file (and --set overrides) it came from, for errors
+
+    def __eq__(self, other) -> bool:  # equal content, wherever it was loaded from
+        return isinstance(other, Recipe) and self.model_dump() == other.model_dump()
+
+    __hash__ = None
 
 
 # -- finding and reading files -------------------------------------------------------------------
@@ -163,8 +169,10 @@ def load_recipe(source: str | Path | dict | Recipe, overrides: list[str] | None 
             try:
                 apply_override(data, *parse_override(text))
             except ConfigError as err:
-                raise err.located(file=f"--set {text}") from None
-        recipe = _validate(data, f"{file or 'recipe'} with --set {' '.join(overrides)}")
+                raise err.located(file=f"{file or 'recipe'} with --set {text}") from None
+        file = f"{file or 'recipe'} with --set {' '.join(overrides)}"
+        recipe = _validate(data, file)
+    recipe._source = file
     return recipe
 
 
@@ -177,6 +185,11 @@ def _validate(data: dict, file: str | None) -> Recipe:
 
 def build(recipe: str | Path | dict | Recipe | ZooConfig) -> nn.Module:
     """Build the ``nn.Module`` a recipe (or a model config) describes."""
+    source = None
     if not isinstance(recipe, ZooConfig) or isinstance(recipe, Recipe):
-        recipe = load_recipe(recipe).model
-    return build_component(recipe, BuildContext(dim=getattr(recipe, "dim", 0), path="model"), "model")
+        loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+        recipe, source = loaded.model, loaded._source
+    try:
+        return build_component(recipe, BuildContext(dim=getattr(recipe, "dim", 0), path="model"), "model")
+    except ConfigError as err:  # dimension checks happen at build time: still name the file
+        raise (err.located(file=source) if source and not err.file else err) from None

@@ -22,9 +22,9 @@ class ConvBlockState(NamedTuple):
     conv: torch.Tensor
 
 
-def build_cell(config, ctx: BuildContext, dim: int) -> nn.Module:
+def build_cell(config, ctx: BuildContext, dim: int, dim_name: str = "dim") -> nn.Module:
     """Build the block's cell for ``dim`` input features; it must return ``dim`` features."""
-    cell = build(config, ctx.at("cell", dim=dim), "cell")
+    cell = build(config, ctx.at("cell", dim=dim, dim_name=dim_name), "cell")
     if getattr(cell, "out_dim", dim) != dim:
         raise ctx.error(f"cell {config.type!r} outputs {cell.out_dim} features but this block needs {dim} "
                         f"(its input size); choose a cell whose output size equals its input", "cell")

@@ -39,8 +39,10 @@ class PreUpBlock(Block):
         self.norm = build(config.norm, ctx.at("norm"), "norm")
         self.up = torch.nn.Linear(ctx.dim, 2 * inner, bias=False)
         self.conv = CausalConv1d(inner, config.conv_kernel)
-        self.cell = build_cell(config.cell, ctx, inner)
-        self.cell_norm = build(config.cell_norm, ctx.at("cell_norm", dim=inner, heads=cell_heads(self.cell)), "norm")
+        inner_name = f"the block's inner size proj_factor*dim={config.proj_factor:g}*{ctx.dim}"
+        self.cell = build_cell(config.cell, ctx, inner, inner_name)
+        self.cell_norm = build(config.cell_norm, ctx.at("cell_norm", dim=inner, dim_name=inner_name,
+                                                        heads=cell_heads(self.cell)), "norm")
         self.skip = torch.nn.Parameter(torch.ones(inner))
         self.down = torch.nn.Linear(inner, ctx.dim, bias=False)
 

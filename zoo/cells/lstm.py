@@ -33,7 +33,7 @@ class LSTMCell(Cell):
     def __init__(self, config: LSTMCellConfig, ctx: BuildContext):
         super().__init__(ctx.dim, ctx.dim)
         self.config, H = config, config.num_heads
-        self.num_heads, self.head_dim = H, ctx.require_divisible(ctx.dim, H, "dim")
+        self.num_heads, self.head_dim = H, ctx.require_divisible(ctx.dim, H)
         self.if_proj = torch.nn.Linear(ctx.dim, 2 * ctx.dim)   # input and forget gates read x
         self.zo_proj = torch.nn.Linear(ctx.dim, 2 * ctx.dim)   # cell input and output gate read the value stream
         with torch.no_grad():

@@ -38,7 +38,7 @@ class MLSTMCell(Cell):
         super().__init__(ctx.dim, ctx.dim)
         self.config, H = config, config.num_heads
         self.num_heads = H
-        ctx.require_divisible(ctx.dim, H, "dim")
+        ctx.require_divisible(ctx.dim, H)
         qk_dim = round(config.qk_dim_factor * ctx.dim)
         ctx.require_divisible(qk_dim, H, "qk_dim_factor * dim")
         if config.proj == "blockdiag":

@@ -34,7 +34,7 @@ class SLSTMCell(Cell):
     def __init__(self, config: SLSTMCellConfig, ctx: BuildContext):
         super().__init__(ctx.dim, ctx.dim)
         self.config, H = config, config.num_heads
-        self.num_heads, self.head_dim = H, ctx.require_divisible(ctx.dim, H, "dim")
+        self.num_heads, self.head_dim = H, ctx.require_divisible(ctx.dim, H)
         unit_ctx = dict(heads=H, units=ctx.dim)
         self.input_gate = build(config.input_gate, ctx.at("input_gate", **unit_ctx), "gate")
         self.forget_gate = build(config.forget_gate, ctx.at("forget_gate", **unit_ctx), "gate")
