@@ -120,3 +120,33 @@ def test_lstm_matches_official_vanilla_lstm_cell(dtype):
     h_t, c_t = split_official_state(final_theirs)
     torch.testing.assert_close(final_ours.h, h_t, **tol, msg=lambda m: f"LSTM final h vs official: {m}")
     torch.testing.assert_close(final_ours.c, c_t, **tol, msg=lambda m: f"LSTM final c vs official: {m}")
+
+
+@pytest.mark.parametrize("cell_name", ["slstm", "lstm"])
+def test_our_cell_matches_official_cell_on_its_own_preactivations(cell_name):
+    """Cell level: our cell's gate modules and projections, fed to the official cell in its layout
+    (gate, head, d), give our cell's output: the cell assembles (i, f, z, o) in the order the op
+    expects and maps units to heads the way the official layout does."""
+    from xlstm_zoo.config import BuildContext, build
+    from xlstm_zoo.registry import registry
+
+    config = registry.get("cell", cell_name).config.model_validate(
+        {"type": cell_name, "num_heads": HEADS} | ({"recurrent": "blockdiag"} if cell_name == "lstm" else {}))
+    ours = build(config, BuildContext(dim=HIDDEN), "cell").double()
+    with torch.no_grad():  # gate projections start at zero; make every path matter
+        for p in ours.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    x = torch.randn(B, T, HIDDEN, dtype=torch.float64)
+    y_ours, _ = ours(x)
+
+    with torch.no_grad():
+        if cell_name == "slstm":
+            z_bias, o_bias = ours.zo_bias.chunk(2)
+            pre = [ours.input_gate(x), ours.forget_gate(x), ours.z(x) + z_bias, ours.o(x) + o_bias]
+        else:
+            pre = [*ours.if_proj(x).chunk(2, dim=-1), *ours.zo_proj(x).chunk(2, dim=-1)]
+    theirs = official_cell(cell_name, ours.R.detach(), torch.zeros(HEADS, 4, DH, dtype=torch.float64), torch.float64)
+    out, _ = theirs(torch.cat(pre, dim=-1))
+    y_theirs = out.permute(0, 2, 1, 3).reshape(B, T, HIDDEN)
+    torch.testing.assert_close(y_ours, y_theirs, **TOL[torch.float64],
+                               msg=lambda m: f"{cell_name} cell vs official cell: {m}")
