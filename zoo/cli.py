@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tokens", type=int, default=16, help="tokens to generate per recipe (default 16)")
     c.add_argument("--seq-len", type=int, default=64, help="forward-pass length (default 64)")
     c.set_defaults(run=cmd_demo)
+
+    from xlstm_zoo.grid.commands import add_commands
+
+    add_commands(sub)  # train, grid, report
     return p
 
 

@@ -19,14 +19,23 @@ from torch import nn
 
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build as build_component, format_validation_error
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.grid.config import GridConfig, ReportConfig
 from xlstm_zoo.models.lm import CausalLMConfig
+from xlstm_zoo.training.config import TrainConfig
 
 
 class Recipe(ZooConfig):
     name: str = Field("", description="short name, used in tables")
     description: str = ""
     model: Spec("model") = Field(default_factory=CausalLMConfig)
+    task: Spec("task") | None = Field(None, description="what `xlstm-zoo train` / `grid` trains on")
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    grid: GridConfig | None = None
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    profiles: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="named override sets (dot-path -> value), chosen with --profile")
     _source: str | None = PrivateAttr(None)  # the file (and --set overrides) it came from, for errors
+    _overrides: list = PrivateAttr(default_factory=list)  # (keys, value) applied by profile and --set
 
     def __eq__(self, other) -> bool:  # equal content, wherever it was loaded from
         return isinstance(other, Recipe) and self.model_dump() == other.model_dump()
@@ -136,24 +145,36 @@ def apply_override(data: dict, keys: list[str], value: Any) -> None:
         else:
             raise ConfigError(f"override path goes through a {type(node).__name__}, not a mapping or list", path=where)
     last = keys[-1]
+    if isinstance(node, dict) and last == "type" and node.get("type") not in (None, value):
+        # A different component: keep only the fields it has too (e.g. a shared `train_lengths`).
+        keep = _fields_of(value)
+        for key in [k for k in node if k not in keep]:
+            del node[key]
     if isinstance(node, list):
         if not (last.isdigit() and int(last) < len(node)):
             raise ConfigError(f"override path: {last!r} is not an index of this list", path=".".join(keys))
         node[int(last)] = value
     elif isinstance(node, dict):
-        if last == "type" and node.get("type") not in (None, value):
-            node.clear()  # a different component: its old fields don't apply
         node[last] = value
     else:
         raise ConfigError(f"override path goes through a {type(node).__name__}", path=".".join(keys))
 
 
+def _fields_of(type_name) -> set[str]:
+    """Field names of every registered component config called ``type_name`` (any kind)."""
+    from xlstm_zoo.registry import registry
+
+    return {field for c in registry.find() if c.name == type_name for field in c.config.model_fields}
+
+
 # -- public API ----------------------------------------------------------------------------------
 
-def load_recipe(source: str | Path | dict | Recipe, overrides: list[str] | None = None) -> Recipe:
+def load_recipe(source: str | Path | dict | Recipe, overrides: list[str] | None = None,
+                profile: str | None = None) -> Recipe:
     """Validate a recipe from a YAML file, a shipped recipe name, a dict or a Recipe.
 
-    ``overrides`` are ``"dotted.path=value"`` strings applied on top (values parsed as YAML).
+    ``profile`` names one of the recipe's ``profiles`` (e.g. ``quick``); its overrides apply first,
+    then ``overrides``: ``"dotted.path=value"`` strings (values parsed as YAML).
     """
     if isinstance(source, Recipe):
         data, file = source.model_dump(), None
@@ -163,17 +184,33 @@ def load_recipe(source: str | Path | dict | Recipe, overrides: list[str] | None 
         path = resolve_recipe(source)
         data, file = _load_with_extends(path), str(path)
     recipe = _validate(data, file)
-    if overrides:
+    ops = profile_overrides(recipe, profile, file)
+    for text in overrides or []:
+        try:
+            ops.append(parse_override(text))
+        except ConfigError as err:
+            raise err.located(file=f"{file or 'recipe'} with --set {text}") from None
+    if ops:
         data = recipe.model_dump()
-        for text in overrides:
+        for keys, value in ops:
             try:
-                apply_override(data, *parse_override(text))
+                apply_override(data, keys, value)
             except ConfigError as err:
-                raise err.located(file=f"{file or 'recipe'} with --set {text}") from None
-        file = f"{file or 'recipe'} with --set {' '.join(overrides)}"
+                raise err.located(file=f"{file or 'recipe'} with {'.'.join(keys)}={value!r}") from None
+        extra = ([f"--profile {profile}"] if profile else []) + [f"--set {t}" for t in overrides or []]
+        file = f"{file or 'recipe'} with {' '.join(extra)}"
         recipe = _validate(data, file)
-    recipe._source = file
+    recipe._source, recipe._overrides = file, ops
     return recipe
+
+
+def profile_overrides(recipe: Recipe, profile: str | None, file: str | None = None) -> list[tuple[list[str], Any]]:
+    if profile is None:
+        return []
+    if profile not in recipe.profiles:
+        known = ", ".join(recipe.profiles) or "none defined"
+        raise ConfigError(f"unknown profile {profile!r} (profiles of this recipe: {known})", file=file)
+    return [(path.split("."), value) for path, value in recipe.profiles[profile].items()]
 
 
 def _validate(data: dict, file: str | None) -> Recipe:

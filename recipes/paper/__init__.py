@@ -1,0 +1,1 @@
+"""Recipes that reproduce the paper's experiments (YAML data)."""

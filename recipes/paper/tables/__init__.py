@@ -1,0 +1,1 @@
+"""The paper's published result tables (CSV data), for reports to compare against."""

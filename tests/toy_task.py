@@ -1,0 +1,61 @@
+"""A tiny task for trainer and grid tests: remember the first token until a separator.
+
+tokens = [a, x_1 .. x_L, SEP], scored only at SEP, where the answer is ``a``. Test sequences are
+twice as long. Registered by ``register()`` (in-process or in a subprocess driver).
+"""
+
+from typing import Literal
+
+import torch
+
+from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.registry import component, registry
+from xlstm_zoo.tasks.base import IGNORE, Batch, Task
+
+
+class ToyCopyConfig(ZooConfig):
+    type: Literal["toy_copy"] = "toy_copy"
+    length: int = 3
+    symbols: int = 4
+    eval_sequences: int = 32
+
+
+@component("task", "toy_copy", config=ToyCopyConfig, description="test task: recall the first token")
+class ToyCopy(Task):
+    def __init__(self, config: ToyCopyConfig, ctx=None):
+        self.config = config
+        self.vocab_size = config.symbols + 1
+        self._eval = {}
+
+    def batch(self, split, batch_size, generator):
+        length = self.config.length * (2 if split == "test" else 1)
+        body = torch.randint(0, self.config.symbols, (batch_size, length), generator=generator)
+        sep = torch.full((batch_size, 1), self.config.symbols)
+        tokens = torch.cat([body, sep], dim=1)
+        targets = torch.full_like(tokens, IGNORE)
+        targets[:, -1] = body[:, 0]
+        return Batch(tokens, targets)
+
+    def eval_batches(self, split):
+        if split not in self._eval:
+            g = torch.Generator().manual_seed(1234 + len(split))
+            n = self.config.eval_sequences
+            self._eval[split] = [self.batch(split, 16, g) for _ in range(max(1, n // 16))]
+        return self._eval[split]
+
+
+def register():
+    if "toy_copy" not in registry.names("task"):
+        registry.register(ToyCopy, source="tests")
+
+
+def recipe(**train) -> dict:
+    """A small LSTM on the toy task, as a recipe dict."""
+    return {
+        "name": "toy",
+        "model": {"type": "causal_lm", "vocab_size": 8, "dim": 16,
+                  "stack": {"type": "xlstm", "pattern": "l", "blocks": {"l": {"type": "plain", "cell": {"type": "lstm"}}},
+                            "post_norm": {"type": "none"}}},
+        "task": {"type": "toy_copy"},
+        "train": {"steps": 30, "batch_size": 16, "lr": 0.03, "warmup_steps": 3, "log_every": 5, **train},
+    }

@@ -1,0 +1,1 @@
+"""Ablation grids: expansion into cells, the resumable runner, and reports."""

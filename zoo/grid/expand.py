@@ -1,0 +1,89 @@
+"""Expanding a recipe's grid into cells.
+
+Each cell is the base recipe plus overrides: its variant's, then one value per axis, then one
+element of every zipped group, then ``train.seed``; the recipe's profile and ``--set`` overrides
+are re-applied last, so they hold for every cell. A cell's id is a readable slug of what it
+overrides plus a digest of the *resolved* cell recipe: any change that alters what a cell means
+(a changed default, a different step count) gives a new id, so an old result is never reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.grid.config import GridConfig
+
+# Sections that describe the grid itself, not what a cell trains.
+GRID_ONLY = ("name", "description", "grid", "report", "profiles")
+
+
+@dataclass
+class Cell:
+    id: str
+    labels: dict[str, Any]            # variant, axis values, seed: what the report groups by
+    overrides: list[tuple[str, Any]]  # dot-path -> value, in the order applied
+    recipe: Any = None                # the validated cell recipe (None if invalid)
+    digest: str = ""
+    error: str | None = None          # why the cell's recipe is invalid
+    extra: dict = field(default_factory=dict)
+
+
+def expand(recipe) -> list[Cell]:
+    grid = recipe.grid or GridConfig()
+    variants = list(grid.variants.items()) or [(None, {})]
+    axes = [[(path, value) for value in values] for path, values in grid.axes.items()]
+    zipped = [[list(zip(group, values)) for values in zip(*group.values())] for group in grid.zipped]
+    cells = []
+    for (variant, variant_overrides), axis_combo, zip_combo, seed in itertools.product(
+            variants, itertools.product(*axes), itertools.product(*zipped), grid.seeds):
+        overrides = list(variant_overrides.items()) + list(axis_combo)
+        overrides += [pair for group in zip_combo for pair in group] + [("train.seed", seed)]
+        labels = {"variant": variant, **dict(axis_combo), **{p: v for g in zip_combo for p, v in g}, "seed": seed}
+        cells.append(_resolve(recipe, variant, overrides, labels))
+    ids = [c.id for c in cells]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ConfigError(f"grid cells {duplicates} are identical (repeated values in an axis or seeds?)",
+                          path="grid", file=recipe._source)
+    return cells
+
+
+def _resolve(recipe, variant, overrides, labels) -> Cell:
+    from xlstm_zoo.recipe import _validate, apply_override
+
+    data = recipe.model_dump()
+    late = [(keys, value) for keys, value in recipe._overrides if keys[0] not in GRID_ONLY]
+    try:
+        for path, value in overrides:
+            apply_override(data, path.split("."), value)
+        for keys, value in late:
+            apply_override(data, list(keys), value)
+        data["grid"] = None
+        cell_recipe = _validate(data, f"{recipe._source or 'recipe'} (grid cell {_slug(labels)})")
+        cell_recipe._source = recipe._source
+        digest = recipe_digest(cell_recipe)
+        return Cell(f"{_slug(labels)}-{digest[:8]}", labels, overrides, cell_recipe, digest)
+    except ConfigError as err:
+        digest = hashlib.sha256(json.dumps([overrides, str(err)], default=str).encode()).hexdigest()
+        return Cell(f"{_slug(labels)}-{digest[:8]}", labels, overrides, None, digest, error=str(err))
+
+
+def recipe_digest(recipe) -> str:
+    """A digest of everything that determines a cell's result (not its name or the grid around it)."""
+    content = {k: v for k, v in recipe.model_dump(mode="json").items() if k not in GRID_ONLY}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def _slug(labels: dict[str, Any]) -> str:
+    parts = [str(labels["variant"])] if labels.get("variant") is not None else []
+    parts += [f"{path.split('.')[-2] if path.endswith('.type') else path.split('.')[-1]}={value}"
+              for path, value in labels.items() if path not in ("variant", "seed")]
+    parts.append(f"seed={labels['seed']}")
+    slug = re.sub(r"[^A-Za-z0-9._=+-]+", "_", "__".join(parts)).strip("_")
+    return slug[:100]

@@ -1,0 +1,213 @@
+"""Reports of a grid run: a markdown table (mean +- std over seeds), a CSV and a PNG plot, with
+the paper's numbers beside ours where the recipe maps the grid to a paper table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from xlstm_zoo.checkpoint import atomic_write
+from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.grid.config import PaperConfig, ReportConfig
+from xlstm_zoo.grid.runner import RESULT
+
+
+@dataclass
+class Group:
+    values: list[float] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    pending: int = 0
+    paper: float | None = None
+    paper_std: float | None = None
+
+    @property
+    def mean(self):
+        return sum(self.values) / len(self.values) if self.values else None
+
+    @property
+    def std(self):
+        n = len(self.values)
+        if n < 2:
+            return 0.0 if n else None
+        m = self.mean
+        return math.sqrt(sum((v - m) ** 2 for v in self.values) / (n - 1))
+
+
+@dataclass
+class Report:
+    title: str
+    metric: str
+    split: str
+    rows: list[str]
+    columns: list[str]
+    groups: dict[tuple[str, str], Group]
+    has_paper: bool
+
+    def markdown(self) -> str:
+        head = ["", *self.columns]
+        lines = [f"### {self.title}: {self.metric} on {self.split} (mean ± std over seeds)", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for row in self.rows:
+            lines.append("| " + " | ".join([row] + [self._cell(self.groups.get((row, c))) for c in self.columns]) + " |")
+        if self.has_paper:
+            lines += ["", "(paper: the published number for the same row and column, from recipes/paper/tables)"]
+        return "\n".join(lines) + "\n"
+
+    def _cell(self, g: Group | None) -> str:
+        if g is None:
+            return ""
+        parts = []
+        if g.values:
+            parts.append(f"{fmt(g.mean)} ± {fmt(g.std)}" + (f" (n={len(g.values)})" if len(g.values) > 1 else ""))
+        if g.failed:
+            parts.append(f"failed {len(g.failed)}")
+        if g.pending:
+            parts.append(f"pending {g.pending}")
+        if g.paper is not None:
+            parts.append(f"paper {fmt(g.paper)}")
+        return "; ".join(parts)
+
+    def csv(self) -> str:
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["row", "column", "metric", "split", "mean", "std", "n", "failed", "pending", "paper",
+                         "paper_std", "errors"])
+        for (row, column), g in self.groups.items():
+            writer.writerow([row, column, self.metric, self.split, g.mean, g.std, len(g.values), len(g.failed),
+                             g.pending, g.paper, g.paper_std, " | ".join(g.failed)])
+        return out.getvalue()
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}" if abs(value) >= 0.001 or value == 0 else f"{value:.1e}"
+
+
+def _label(labels: dict, key: str | None) -> str:
+    if key is None:
+        return "value"
+    if key not in labels:
+        raise ConfigError(f"report groups by {key!r}, but the grid's cells have labels {sorted(labels)}",
+                          path="report")
+    value = labels[key]
+    return "(base)" if value is None else str(value)
+
+
+def build_report(run_dir: str | Path) -> Report:
+    run_dir = Path(run_dir)
+    manifest_path = run_dir / "grid.json"
+    if not manifest_path.exists():
+        raise ConfigError(f"{run_dir} is not a grid run directory (no grid.json); run `xlstm-zoo grid RECIPE` first")
+    manifest = json.loads(manifest_path.read_text())
+    cfg = ReportConfig.model_validate(manifest["report"])
+    rows, columns, groups = [], [], {}
+    for cell in manifest["cells"]:
+        row, column = _label(cell["labels"], cfg.rows), _label(cell["labels"], cfg.columns)
+        rows += [row] if row not in rows else []
+        columns += [column] if column not in columns else []
+        group = groups.setdefault((row, column), Group())
+        result_path = run_dir / "cells" / cell["id"] / RESULT
+        result = json.loads(result_path.read_text()) if result_path.exists() else None
+        if result is None or result.get("digest") != cell["digest"]:
+            group.pending += 1
+        elif result["status"] != "finished":
+            group.failed.append(f"{cell['id']}: {result.get('error', 'unknown error')}")
+        else:
+            metrics = result["metrics"].get(cfg.split)
+            if metrics is None or cfg.metric not in metrics:
+                known = sorted(metrics) if metrics else sorted(result["metrics"])
+                raise ConfigError(f"metric {cfg.metric!r} on split {cfg.split!r} is not in the results "
+                                  f"(available: {', '.join(known)})", path="report")
+            group.values.append(float(metrics[cfg.metric]))
+    if cfg.paper is not None:
+        _add_paper(cfg.paper, groups)
+    return Report(manifest.get("name") or run_dir.name, cfg.metric, cfg.split, rows, columns, groups,
+                  cfg.paper is not None)
+
+
+def paper_table(name: str) -> list[dict]:
+    path = Path(str(resources.files("xlstm_zoo.recipes.paper.tables"))) / f"{name}.csv"
+    if not path.exists():
+        tables = sorted(p.stem for p in path.parent.glob("*.csv"))
+        raise ConfigError(f"no paper table {name!r} (shipped: {', '.join(tables)})", path="report.paper.table")
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def _add_paper(paper: PaperConfig, groups: dict[tuple[str, str], Group]) -> None:
+    table = paper_table(paper.table)
+    for (row, column), group in groups.items():
+        filters = {}
+        for csv_column, source in paper.match.items():
+            mapped = paper.labels.get(row if source == "row" else column, row if source == "row" else column)
+            filters.update(mapped if isinstance(mapped, dict) else {csv_column: mapped})
+        hits = [r for r in table if all(str(r.get(k)) == str(v) for k, v in filters.items())]
+        if len(hits) == 1:
+            group.paper = _number(hits[0].get(paper.value))
+            group.paper_std = _number(hits[0].get(paper.std)) if paper.std else None
+
+
+def _number(text):
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def write_report(report: Report, run_dir: str | Path) -> list[Path]:
+    """report.md, report.csv and report.png in the run directory (each written atomically)."""
+    run_dir = Path(run_dir)
+    written = []
+    for name, text in (("report.md", report.markdown()), ("report.csv", report.csv())):
+        atomic_write(run_dir / name, lambda f, t=text: f.write(t.encode()))
+        written.append(run_dir / name)
+    png = _plot(report)
+    if png is not None:
+        atomic_write(run_dir / "report.png", lambda f: f.write(png))
+        written.append(run_dir / "report.png")
+    return written
+
+
+def _plot(report: Report) -> bytes | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(report.columns) * max(1, len(report.rows)) / 2), 4))
+    width = 0.8 / max(1, len(report.rows))
+    for i, row in enumerate(report.rows):
+        xs, means, stds, paper_x, paper_y = [], [], [], [], []
+        for j, column in enumerate(report.columns):
+            g = report.groups.get((row, column))
+            x = j + (i - (len(report.rows) - 1) / 2) * width
+            if g and g.mean is not None:
+                xs.append(x), means.append(g.mean), stds.append(g.std or 0.0)
+            if g and g.paper is not None:
+                paper_x.append(x), paper_y.append(g.paper)
+        bars = ax.bar(xs, means, width, yerr=stds, capsize=2, label=row)
+        if paper_x:
+            ax.scatter(paper_x, paper_y, marker="x", color=bars.patches[0].get_facecolor() if bars.patches else "k",
+                       edgecolors="none", zorder=3)
+    ax.set_xticks(range(len(report.columns)), report.columns, rotation=30, ha="right")
+    ax.set_ylabel(f"{report.metric} ({report.split})")
+    ax.set_title(report.title + ("   (x: paper)" if report.has_paper else ""))
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()

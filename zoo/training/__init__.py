@@ -1,0 +1,1 @@
+"""Training: the trainer, its config and learning-rate schedule."""

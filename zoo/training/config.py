@@ -1,0 +1,33 @@
+"""The `train:` section of a recipe."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from xlstm_zoo.config import ZooConfig
+
+
+class TrainConfig(ZooConfig):
+    steps: int = Field(1000, ge=1, description="optimiser steps")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
+    weight_decay: float = Field(0.1, ge=0, description="applied to weight matrices only, not to biases, norms or gates")
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = Field(100, ge=0, description="linear warm-up, then cosine decay")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate = min_lr_ratio * lr")
+    grad_clip: float | None = Field(1.0, gt=0, description="clip the global gradient norm (null: off)")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = autocast; states and optimiser stay fp32")
+    seed: int = 0
+    eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: only at the end)")
+    eval_splits: list[Literal["valid", "test"]] = Field(default_factory=lambda: ["valid", "test"])
+    log_every: int = Field(10, ge=1, description="write the training loss to metrics.jsonl every N steps")
+    checkpoint_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
+
+    @model_validator(mode="after")
+    def _warmup_fits(self):
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} exceeds steps={self.steps}")
+        return self

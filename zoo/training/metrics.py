@@ -1,0 +1,44 @@
+"""metrics.jsonl: one JSON object per line, appended as training goes.
+
+A run killed mid-write can leave a torn last line; readers skip lines that don't parse.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from xlstm_zoo.checkpoint import atomic_write
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn final line from a killed run
+    return records
+
+
+class MetricsLog:
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path is not None else None
+
+    def truncate_after(self, step: int) -> None:
+        """Keep records up to ``step`` (resuming from a checkpoint at ``step`` replays the rest)."""
+        if self.path is None or not self.path.exists():
+            return
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        atomic_write(self.path, lambda f: f.write(text.encode()))
+
+    def write(self, record: dict) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")

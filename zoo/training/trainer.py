@@ -1,0 +1,158 @@
+"""The trainer: AdamW, warm-up + cosine, clipping, fp32 or bf16 autocast, periodic evaluation,
+atomic checkpoints with exact resume, metrics as JSON lines, and a progress bar.
+
+Training batches are drawn from a generator seeded by (seed, step), so a run resumed from a
+checkpoint sees exactly the batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+
+from xlstm_zoo.checkpoint import load_checkpoint, save_checkpoint
+from xlstm_zoo.config import BuildContext, build as build_component
+from xlstm_zoo.errors import ConfigError, ZooError
+from xlstm_zoo.tasks.base import Task, merge_scores
+from xlstm_zoo.training.metrics import MetricsLog
+from xlstm_zoo.training.schedule import lr_factor
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+
+
+class TrainingDiverged(ZooError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+def build_task(recipe) -> Task:
+    if recipe.task is None:
+        raise ConfigError("the recipe has no `task:` section, so there is nothing to train on "
+                          "(see `xlstm-zoo list task`)", path="task", file=recipe._source)
+    return build_component(recipe.task, BuildContext(dim=0, path="task"), "task")
+
+
+def build_model_for(recipe, task: Task) -> torch.nn.Module:
+    from xlstm_zoo.recipe import build
+
+    vocab = getattr(recipe.model, "vocab_size", None)
+    if vocab is not None and vocab < task.vocab_size:
+        raise ConfigError(f"vocab_size={vocab} is smaller than task {recipe.task.type!r}'s vocabulary "
+                          f"({task.vocab_size}); set model.vocab_size >= {task.vocab_size}",
+                          path="model.vocab_size", file=recipe._source)
+    return build(recipe)
+
+
+def _step_generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def _param_groups(model, weight_decay):
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def evaluate(model, task: Task, split: str, *, device="cpu", precision="fp32") -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    parts = []
+    with _autocast(device, precision):
+        for batch in task.eval_batches(split):
+            batch = batch.to(device)
+            logits, _ = model(batch.tokens)
+            parts.append(task.score(logits.float(), batch))
+    model.train(was_training)
+    return task.summarize(merge_scores(parts))
+
+
+def _autocast(device, precision):
+    if precision == "bf16":
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(recipe, run_dir: str | Path | None = None, *, progress=None, description: str = "training") -> dict:
+    """Train ``recipe.model`` on ``recipe.task``; returns the final evaluation metrics per split.
+
+    With ``run_dir``, writes ``metrics.jsonl`` and ``checkpoint.pt`` there and resumes from the
+    checkpoint if one exists. ``progress`` is a rich Progress to add a task bar to (or None).
+    """
+    cfg = recipe.train
+    run_dir = Path(run_dir) if run_dir is not None else None
+    torch.manual_seed(cfg.seed)
+    task = build_task(recipe)
+    model = build_model_for(recipe, task).to(cfg.device)
+    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    log = MetricsLog(run_dir / METRICS if run_dir else None)
+
+    start = 0
+    if run_dir is not None and (run_dir / CHECKPOINT).exists():
+        start = _resume(run_dir / CHECKPOINT, recipe, model, optimizer, log)
+
+    bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
+    model.train()
+    tokens_seen, t0, last_loss = 0, time.perf_counter(), float("nan")
+    for step in range(start, cfg.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(cfg.device)
+        with _autocast(cfg.device, cfg.precision):
+            logits, _ = model(batch.tokens)
+        loss = task.loss(logits.float(), batch)
+        if not torch.isfinite(loss):
+            where = f"; the last good checkpoint is {run_dir / CHECKPOINT}" if run_dir and (run_dir / CHECKPOINT).exists() else ""
+            log.write({"step": step + 1, "event": "diverged", "loss": str(loss.item())})
+            raise TrainingDiverged(f"training diverged at step {step + 1}: loss is {loss.item()}{where} "
+                                   "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+
+        done = step + 1
+        last_loss = loss.item()
+        tokens_seen += batch.tokens.numel()
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            log.write({"step": done, "split": "train", "loss": last_loss, "lr": optimizer.param_groups[0]["lr"]})
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+            for split in cfg.eval_splits:
+                log.write({"step": done, "split": split, **evaluate(model, task, split, device=cfg.device,
+                                                                    precision=cfg.precision)})
+        if run_dir is not None and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
+        if bar is not None:
+            rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
+            progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+
+    final = {split: evaluate(model, task, split, device=cfg.device, precision=cfg.precision)
+             for split in cfg.eval_splits}
+    for split, metrics in final.items():
+        log.write({"step": cfg.steps, "split": split, **metrics})
+    if run_dir is not None:
+        save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=cfg.steps)
+    if bar is not None:
+        progress.remove_task(bar)
+    return {"steps": cfg.steps, "final_train_loss": last_loss, "metrics": final,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def _resume(path: Path, recipe, model, optimizer, log: MetricsLog) -> int:
+    saved_recipe, saved_model, extra = load_checkpoint(path)
+    if saved_recipe != recipe:
+        raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
+                          "(grids keep each configuration in its own directory, so this means a manual copy)")
+    model.load_state_dict(saved_model.state_dict())
+    if "optimizer" in extra:
+        optimizer.load_state_dict(extra["optimizer"])
+    step = int(extra.get("step", 0))
+    log.truncate_after(step)
+    log.write({"step": step, "event": "resumed"})
+    return step
+
+
