@@ -1,0 +1,192 @@
+"""Grids: expansion and stable ids, running, reports, failures, and resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xlstm_zoo import load_recipe
+from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.grid.expand import expand
+from xlstm_zoo.grid.report import build_report, write_report
+from xlstm_zoo.grid.runner import run_grid
+
+import toy_task
+
+toy_task.register()
+HERE = Path(__file__).parent
+
+
+def grid_recipe(**grid):
+    data = toy_task.recipe(steps=12)
+    data["grid"] = {"variants": {"small": {"model.dim": 16}, "wide": {"model.dim": 24}},
+                    "seeds": [0, 1], **grid}
+    data["report"] = {"rows": "variant", "metric": "accuracy", "split": "valid"}
+    return data
+
+
+def test_expansion_combines_variants_axes_zips_and_seeds():
+    recipe = load_recipe(grid_recipe(axes={"train.lr": [0.01, 0.03]},
+                                     zipped=[{"task.length": [2, 3], "train.batch_size": [8, 16]}]))
+    cells = expand(recipe)
+    assert len(cells) == 2 * 2 * 2 * 2
+    first = cells[0]
+    assert first.labels == {"variant": "small", "train.lr": 0.01, "task.length": 2, "train.batch_size": 8, "seed": 0}
+    assert first.overrides == [("model.dim", 16), ("train.lr", 0.01), ("task.length", 2), ("train.batch_size", 8),
+                               ("train.seed", 0)]
+    r = first.recipe
+    assert (r.model.dim, r.train.lr, r.task.length, r.train.batch_size, r.train.seed, r.grid) == (16, 0.01, 2, 8, 0, None)
+    zipped_pairs = {(c.labels["task.length"], c.labels["train.batch_size"]) for c in cells}
+    assert zipped_pairs == {(2, 8), (3, 16)}, "zipped values pair up, they don't multiply"
+    assert len({c.id for c in cells}) == len(cells)
+    assert first.id.startswith("small__lr=0.01__length=2__batch_size=8__seed=0-")
+
+
+def test_ids_are_stable_and_follow_meaning():
+    ids = [c.id for c in expand(load_recipe(grid_recipe()))]
+    assert ids == [c.id for c in expand(load_recipe(grid_recipe()))], "same recipe, same ids"
+    longer = grid_recipe()
+    longer["train"]["steps"] = 13
+    assert not set(ids) & {c.id for c in expand(load_recipe(longer))}, "a changed base recipe changes every cell"
+    changed = grid_recipe()
+    changed["grid"]["variants"]["wide"] = {"model.dim": 32}
+    new = {c.id for c in expand(load_recipe(changed))}
+    assert {i for i in ids if i.startswith("small")} <= new and not {i for i in ids if i.startswith("wide")} & new
+    renamed = grid_recipe()
+    renamed["name"] = "other name"
+    assert ids == [c.id for c in expand(load_recipe(renamed))], "the recipe's name does not change what cells mean"
+
+
+def test_profile_and_set_apply_to_every_cell_last():
+    data = grid_recipe()
+    data["profiles"] = {"quick": {"train.steps": 3, "model.dim": 8, "grid.seeds": [5]}}
+    cells = expand(load_recipe(data, ["train.lr=0.5"], profile="quick"))
+    assert [c.labels["seed"] for c in cells] == [5, 5], "grid.* of a profile shapes the grid"
+    assert {(c.recipe.train.steps, c.recipe.model.dim, c.recipe.train.lr) for c in cells} == {(3, 8, 0.5)}
+    with pytest.raises(ConfigError, match=r"unknown profile 'fast' \(profiles of this recipe: quick\)"):
+        load_recipe(data, profile="fast")
+
+
+def test_bad_grids():
+    with pytest.raises(ConfigError, match="zipped group 0 pairs lists of different lengths"):
+        load_recipe(grid_recipe(zipped=[{"train.lr": [1, 2], "train.steps": [3]}]))
+    with pytest.raises(ConfigError, match="identical"):
+        expand(load_recipe(grid_recipe(seeds=[0, 0])))
+    cells = expand(load_recipe(grid_recipe(axes={"model.stack.blocks.l.cell.num_heads": ["x"]})))
+    assert all(c.error and "valid integer" in c.error for c in cells), "an invalid cell is recorded, not raised"
+
+
+def test_run_report_and_skip_finished(tmp_path):
+    recipe = load_recipe(grid_recipe())
+    counts = run_grid(recipe, tmp_path)
+    assert counts == {"ran": 4, "skipped": 0, "failed": 0}
+    results = sorted((tmp_path / "cells").glob("*/result.json"))
+    stamps = [p.stat().st_mtime_ns for p in results]
+    assert run_grid(recipe, tmp_path) == {"ran": 0, "skipped": 4, "failed": 0}
+    assert [p.stat().st_mtime_ns for p in results] == stamps, "finished cells are not rewritten"
+
+    report = build_report(tmp_path)
+    assert report.rows == ["small", "wide"] and report.columns == ["value"]
+    group = report.groups[("small", "value")]
+    assert len(group.values) == 2 and all(0 <= v <= 1 for v in group.values)
+    text = report.markdown()
+    assert "| small | " in text and " ± " in text and "(n=2)" in text
+    files = write_report(report, tmp_path)
+    assert {f.name for f in files} == {"report.md", "report.csv", "report.png"}
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "small,value,accuracy,valid," in (tmp_path / "report.csv").read_text()
+
+
+def test_failed_cell_is_recorded_and_grid_goes_on(tmp_path):
+    data = grid_recipe()
+    data["grid"]["variants"]["broken"] = {"model.stack.blocks.l.cell": {"type": "lstm", "recurrent": "blockdiag",
+                                                                         "num_heads": 3}}
+    counts = run_grid(load_recipe(data), tmp_path)
+    assert counts == {"ran": 4, "skipped": 0, "failed": 2}
+    report = build_report(tmp_path)
+    assert "failed 2" in report.markdown()
+    assert "num_heads=3 must divide dim=16" in report.groups[("broken", "value")].failed[0]
+
+
+def test_report_puts_paper_numbers_beside_ours(tmp_path):
+    data = grid_recipe(seeds=[0])
+    data["grid"]["variants"] = {"LSTM": {}, "xLSTM[0:1]": {}}
+    data["report"] = {"rows": "variant", "columns": "task.type", "metric": "accuracy", "split": "test",
+                      "paper": {"table": "formal_languages", "value": "acc_mean", "std": "acc_std",
+                                "match": {"model": "row", "task": "column"}, "labels": {"toy_copy": "parity"}}}
+    data["grid"]["axes"] = {"task.type": ["toy_copy"]}
+    run_grid(load_recipe(data), tmp_path)
+    report = build_report(tmp_path)
+    assert report.groups[("LSTM", "toy_copy")].paper == 1.0
+    assert report.groups[("xLSTM[0:1]", "toy_copy")].paper == 1.0
+    assert "paper 1.000" in report.markdown()
+
+
+def test_changed_recipe_does_not_reuse_old_results(tmp_path):
+    run_grid(load_recipe(grid_recipe()), tmp_path)
+    changed = grid_recipe()
+    changed["train"]["lr"] = 0.02
+    counts = run_grid(load_recipe(changed), tmp_path)
+    assert counts["ran"] == 4 and counts["skipped"] == 0
+    assert len(list((tmp_path / "cells").iterdir())) == 8, "old results stay on disk but are not reported"
+    assert len(build_report(tmp_path).groups[("small", "value")].values) == 2
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {tests!r})
+import toy_task
+toy_task.register()
+from xlstm_zoo.cli import main
+sys.exit(main(["grid", {recipe!r}, "--out", {out!r}]))
+"""
+
+
+def _run_driver(recipe_path, out, **kwargs):
+    code = DRIVER.format(tests=str(HERE), recipe=str(recipe_path), out=str(out))
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def test_sigkill_mid_cell_loses_nothing_and_resumes(tmp_path):
+    data = grid_recipe(seeds=[0])
+    data["train"].update(steps=400, checkpoint_every=40)
+    recipe_path = tmp_path / "grid.yaml"
+    recipe_path.write_text(json.dumps(data))
+    out = tmp_path / "run"
+    proc = _run_driver(recipe_path, out)
+    cells = out / "cells"
+    deadline = time.time() + 120
+    # wait until the first cell is finished and the second has a checkpoint, then kill -9
+    while time.time() < deadline:
+        done = list(cells.glob("*/result.json")) if cells.exists() else []
+        ckpts = list(cells.glob("*/checkpoint.pt")) if cells.exists() else []
+        if len(done) == 1 and len(ckpts) == 2:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    else:
+        pytest.fail("the grid did not reach the second cell in time")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    finished = done[0]
+    before = finished.read_bytes()
+    for path in out.rglob("*.json"):
+        json.loads(path.read_text())  # every JSON file a reader trusts is whole
+    assert len(list(cells.glob("*/result.json"))) == 1
+
+    resumed = _run_driver(recipe_path, out)
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr.decode()
+    assert "1 cells ran, 1 already done, 0 failed" in stderr.decode()
+    assert finished.read_bytes() == before, "the finished cell was not touched"
+    second = [p for p in cells.glob("*/metrics.jsonl") if p.parent != finished.parent][0]
+    events = [json.loads(line) for line in second.read_text().splitlines()]
+    resumes = [e["step"] for e in events if e.get("event") == "resumed"]
+    assert len(resumes) == 1 and resumes[0] % 40 == 0 and resumes[0] > 0, f"resumed from a checkpoint: {resumes}"
+    assert json.loads((second.parent / "result.json").read_text())["status"] == "finished"
