@@ -25,8 +25,10 @@ def register_components(register):
     from xlstm_zoo.blocks import mlstm_7b, plain, post_up, pre_up, residual
     from xlstm_zoo.cells import lstm, mlstm, slstm
     from xlstm_zoo.models import classifier, lm
+    from xlstm_zoo.tasks import formal_cf, formal_cs, formal_regular, retrieval, text
 
-    for module in (lstm, slstm, mlstm, gates, norms, plain, residual, pre_up, post_up, mlstm_7b, stacks, lm, classifier):
+    for module in (lstm, slstm, mlstm, gates, norms, plain, residual, pre_up, post_up, mlstm_7b, stacks, lm, classifier,
+                   formal_regular, formal_cf, formal_cs, retrieval, text):
         for builder in tagged_components(module):
             register(builder)
     register(kind="backend", name="reference", config=ReferenceBackendConfig, builder=_reference_backend,

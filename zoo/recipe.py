@@ -61,10 +61,16 @@ def resolve_recipe(source: str | Path, relative_to: Path | None = None) -> Path:
     if relative_to is not None:
         candidates.insert(0, relative_to / source)
     root, name = shipped_recipes_dir(), str(source).removesuffix(".yaml")
-    candidates += [root / f"{name}.yaml", root / "models" / f"{name}.yaml"]
+    candidates.append(root / f"{name}.yaml")
     for path in candidates:
         if path.is_file():
             return path
+    in_folders = sorted(root.glob(f"*/{name}.yaml"))  # a bare name: any shipped folder (models/, paper/)
+    if len(in_folders) > 1:
+        raise ConfigError(f"recipe name {name!r} is ambiguous: "
+                          f"{', '.join(str(p.relative_to(root).with_suffix('')) for p in in_folders)}")
+    if in_folders:
+        return in_folders[0]
     raise ConfigError(f"no recipe file or shipped recipe named {str(source)!r} "
                       f"(shipped: {', '.join(shipped_recipes()) or 'none'})")
 

@@ -201,7 +201,7 @@ def _plot(report: Report) -> bytes | None:
         bars = ax.bar(xs, means, width, yerr=stds, capsize=2, label=row)
         if paper_x:
             ax.scatter(paper_x, paper_y, marker="x", color=bars.patches[0].get_facecolor() if bars.patches else "k",
-                       edgecolors="none", zorder=3)
+                       zorder=3)
     ax.set_xticks(range(len(report.columns)), report.columns, rotation=30, ha="right")
     ax.set_ylabel(f"{report.metric} ({report.split})")
     ax.set_title(report.title + ("   (x: paper)" if report.has_paper else ""))

@@ -15,7 +15,7 @@ from xlstm_zoo.stacks import XLSTMStackConfig
 
 class CausalLMConfig(ZooConfig):
     type: Literal["causal_lm"] = "causal_lm"
-    vocab_size: int = Field(256, ge=1)
+    vocab_size: int | None = Field(256, ge=1, description="null: taken from the task when training")
     dim: int = Field(128, ge=1, description="embedding and residual-stream width")
     stack: Spec("stack") = Field(default_factory=XLSTMStackConfig)
     tie_weights: bool = Field(True, description="share the embedding matrix with the output head")
@@ -26,6 +26,9 @@ class CausalLM(nn.Module):
     def __init__(self, config: CausalLMConfig, ctx: BuildContext | None = None):
         super().__init__()
         ctx = BuildContext(dim=config.dim, path=ctx.path if ctx else "model")
+        if config.vocab_size is None:
+            raise ctx.error("vocab_size is null: set it, or train on a task (which supplies its vocabulary)",
+                            "vocab_size")
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.dim)
         nn.init.normal_(self.embedding.weight, std=config.dim ** -0.5)
