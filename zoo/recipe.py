@@ -219,6 +219,17 @@ def profile_overrides(recipe: Recipe, profile: str | None, file: str | None = No
     return [(path.split("."), value) for path, value in recipe.profiles[profile].items()]
 
 
+def with_task_vocab(recipe: Recipe, task=None) -> Recipe:
+    """The recipe with ``model.vocab_size: null`` filled in from its task's vocabulary."""
+    if recipe.task is None or getattr(recipe.model, "vocab_size", 0) is not None:
+        return recipe
+    if task is None:
+        task = build_component(recipe.task, BuildContext(dim=0, path="task"), "task")
+    filled = recipe.model_copy(update={"model": recipe.model.model_copy(update={"vocab_size": task.vocab_size})})
+    filled._source, filled._overrides = recipe._source, recipe._overrides
+    return filled
+
+
 def _validate(data: dict, file: str | None) -> Recipe:
     try:
         return Recipe.model_validate(data)
@@ -230,7 +241,7 @@ def build(recipe: str | Path | dict | Recipe | ZooConfig) -> nn.Module:
     """Build the ``nn.Module`` a recipe (or a model config) describes."""
     source = None
     if not isinstance(recipe, ZooConfig) or isinstance(recipe, Recipe):
-        loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+        loaded = with_task_vocab(recipe if isinstance(recipe, Recipe) else load_recipe(recipe))
         recipe, source = loaded.model, loaded._source
     try:
         return build_component(recipe, BuildContext(dim=getattr(recipe, "dim", 0), path="model"), "model")

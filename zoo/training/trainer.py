@@ -36,10 +36,9 @@ def build_task(recipe) -> Task:
 
 
 def build_model_for(recipe, task: Task) -> torch.nn.Module:
-    from xlstm_zoo.recipe import build
+    from xlstm_zoo.recipe import build, with_task_vocab
 
-    if "vocab_size" in type(recipe.model).model_fields and recipe.model.vocab_size is None:
-        recipe = recipe.model_copy(update={"model": recipe.model.model_copy(update={"vocab_size": task.vocab_size})})
+    recipe = with_task_vocab(recipe, task)
     vocab = getattr(recipe.model, "vocab_size", None)
     if vocab is not None and vocab < task.vocab_size:
         raise ConfigError(f"vocab_size={vocab} is smaller than task {recipe.task.type!r}'s vocabulary "
