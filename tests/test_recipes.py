@@ -152,3 +152,22 @@ def test_schema_lists_registered_components():
     for name in ("mlstm", "slstm", "lstm", "pre_up", "post_up", "causal_lm", "multihead_layernorm"):
         assert f'"{name}"' in text, f"{name} missing from the recipe schema"
     assert schema["type"] == "object" and "model" in schema["properties"]
+
+
+GRID_RECIPES = [name for name in SHIPPED if load_recipe(name).grid is not None]
+
+
+@pytest.mark.parametrize("profile", [None, "quick", "full"])
+@pytest.mark.parametrize("name", GRID_RECIPES)
+def test_every_shipped_grid_expands_to_valid_cells(name, profile):
+    from xlstm_zoo.grid.expand import expand
+
+    recipe = load_recipe(name, profile=profile)
+    cells = expand(recipe)
+    bad = [(c.id, c.error) for c in cells if c.error]
+    assert not bad, f"{name} --profile {profile}: invalid cells {bad[:3]}"
+    assert recipe.task is not None and recipe.report.paper is None or recipe.report.paper.table
+
+
+def test_paper_recipes_ship():
+    assert {"paper/formal_languages", "paper/ablation", "paper/gating", "paper/mqar"} <= set(SHIPPED)
