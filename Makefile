@@ -1,5 +1,5 @@
 # Two commands on a fresh machine:
-#   make demo   set up, then run the main job on the built-in default (every shipped recipe)
+#   make demo   set up, then run the main job: the paper's formal-language grid, quick profile
 #   make test   set up, then run the test suite
 # Both install into ./.venv (it sees packages already installed system-wide, so an existing
 # torch is reused). torch is pinned to the CPU wheel first, so pip never pulls a CUDA build.
@@ -14,7 +14,7 @@ TORCH  ?= torch==2.13.0
 $(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[plot]'
 	touch $@
 
 $(VENV)/.test: $(VENV)/.runtime
@@ -22,7 +22,7 @@ $(VENV)/.test: $(VENV)/.runtime
 	touch $@
 
 demo: $(VENV)/.runtime
-	$(VENV)/bin/xlstm-zoo demo
+	$(VENV)/bin/xlstm-zoo grid formal_languages --profile quick
 
 test: $(VENV)/.test
 	$(PY) -m pytest

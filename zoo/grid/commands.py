@@ -88,7 +88,7 @@ def cmd_grid(args) -> int:
     files = write_report(report, out)
     sys.stdout.write(report.markdown())
     Console(stderr=True).print(f"{counts['ran']} cells ran, {counts['skipped']} already done, "
-                               f"{counts['failed']} failed; wrote {', '.join(str(f) for f in files)}")
+                               f"{counts['failed']} failed; wrote {_written(files)}")
     return 1 if counts["failed"] else 0
 
 
@@ -98,5 +98,12 @@ def cmd_report(args) -> int:
     report = build_report(args.run_dir)
     files = write_report(report, args.run_dir)
     sys.stdout.write(report.markdown())
-    Console(stderr=True).print(f"wrote {', '.join(str(f) for f in files)}")
+    Console(stderr=True).print(f"wrote {_written(files)}")
     return 0
+
+
+def _written(files) -> str:
+    names = ", ".join(str(f) for f in files)
+    if not any(f.suffix == ".png" for f in files):
+        names += " (no report.png: matplotlib is not installed; pip install 'xlstm-zoo[plot]')"
+    return names
