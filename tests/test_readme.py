@@ -25,7 +25,7 @@ def test_python_examples_run(code):
 
 
 def test_yaml_example_builds(tmp_path):
-    (text,) = blocks("yaml")
+    text = blocks("yaml")[0]
     path = tmp_path / "my_model.yaml"
     path.write_text(text)
     recipe = load_recipe(path, ["model.stack.blocks.m.cell.num_heads=4"])
@@ -45,3 +45,16 @@ def test_error_examples_are_what_the_code_says(tmp_path):
             with pytest.raises(Exception) as info:
                 build(load_recipe("xlstm_0_1", ["stack.blocks.s.cell.num_heads=5"]))
         assert f"{path}: {message}" in str(info.value)
+
+
+def test_grid_example_expands():
+    import yaml
+
+    from xlstm_zoo.grid.expand import expand
+    from xlstm_zoo.recipe import merge
+
+    fragment = yaml.safe_load(blocks("yaml")[1])
+    recipe = load_recipe(merge(load_recipe("formal_languages").model_dump(), fragment))
+    cells = expand(recipe)
+    assert len(cells) == 2 * 2 * 2 * 3 and not [c for c in cells if c.error]
+    assert {(c.labels["train.lr"], c.labels["train.batch_size"]) for c in cells} == {(0.001, 32), (0.003, 64)}
