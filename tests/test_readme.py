@@ -51,10 +51,9 @@ def test_grid_example_expands():
     import yaml
 
     from xlstm_zoo.grid.expand import expand
-    from xlstm_zoo.recipe import merge
 
-    fragment = yaml.safe_load(blocks("yaml")[1])
-    recipe = load_recipe(merge(load_recipe("formal_languages").model_dump(), fragment))
+    fragment = yaml.safe_load(blocks("yaml")[1])  # whole grid: and report: sections
+    recipe = load_recipe(load_recipe("formal_languages").model_dump() | fragment)
     cells = expand(recipe)
     assert len(cells) == 2 * 2 * 2 * 3 and not [c for c in cells if c.error]
     assert {(c.labels["train.lr"], c.labels["train.batch_size"]) for c in cells} == {(0.001, 32), (0.003, 64)}
