@@ -190,3 +190,21 @@ def test_sigkill_mid_cell_loses_nothing_and_resumes(tmp_path):
     resumes = [e["step"] for e in events if e.get("event") == "resumed"]
     assert len(resumes) == 1 and resumes[0] % 40 == 0 and resumes[0] > 0, f"resumed from a checkpoint: {resumes}"
     assert json.loads((second.parent / "result.json").read_text())["status"] == "finished"
+
+
+def test_shipped_formal_language_grid_end_to_end(tmp_path, capsys):
+    """The main job's recipe, shrunk: real tasks, two variants, paper numbers in the table."""
+    from xlstm_zoo.cli import main
+
+    out = tmp_path / "run"
+    code = main(["grid", "formal_languages", "--profile", "quick", "--out", str(out),
+                 "--set", "grid.axes={task.type: [parity, cycle_nav]}", "--set", "train.steps=4", "--set", "train.warmup_steps=0",
+                 "--set", "task.eval_sequences=64",
+                 "--set", "grid.variants={LSTM: {}, 'xLSTM[1:0]': {model.stack: {type: xlstm, ratio: '1:0', num_blocks: 1}}}"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "| LSTM | " in printed and "| xLSTM[1:0] | " in printed and "| parity | cycle_nav |" in printed
+    assert "paper 1.000" in printed and "paper 0.040" in printed, "paper's LSTM / xLSTM[1:0] parity numbers"
+    assert len(list((out / "cells").glob("*/result.json"))) == 4
+    assert main(["report", str(out)]) == 0
+    assert (out / "report.png").exists()
