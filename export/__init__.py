@@ -1,4 +1,222 @@
-"""ONNX and TensorRT export of step models (token and states in, output and states out).
+"""ONNX and TensorRT export of step models (token and states in, output and states out), validated.
 
-Reserved namespace: the exporters arrive with the export issue; nothing is exported yet.
+    from xlstm_zoo.export import export_step
+    result = export_step(model, "out/", batch=(1, 8, 64))   # writes out/step.onnx and out/step.json
+    assert result.ok, result.report.failures()
+
+See :mod:`xlstm_zoo.export.step_model` for the inputs, outputs and state names,
+:mod:`xlstm_zoo.export.validate` for what is checked, :mod:`xlstm_zoo.export.tensorrt` for TensorRT.
 """
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.export.step_model import (NEXT, ExportError, PrefillModule, StepModule, StepSignature, TensorSpec,
+                                         build_signature, named_state, prepare_model)
+
+if TYPE_CHECKING:
+    from xlstm_zoo.export.validate import Report
+
+__all__ = ["DTYPES", "ExportError", "ExportResult", "NEXT", "StepModule", "StepSignature", "TensorSpec",
+           "build_signature", "export_step", "named_state", "parse_batch", "versions"]
+
+# bfloat16 is not offered: several ONNX operators the graph uses (Einsum, ...) do not accept it, so the
+# model would be invalid ONNX, and onnxruntime's CPU kernels could not validate it anyway.
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+DEFAULT_BATCH = (1, 8, 64)
+_NEEDED = ("onnx", "onnxscript", "onnxruntime")
+
+
+@dataclass
+class ExportResult:
+    onnx_path: Path
+    metadata_path: Path
+    signature: StepSignature
+    opset: int
+    dtype: str
+    batch: tuple[int, int, int]
+    file_size: int
+    histogram: Counter
+    report: "Report"                      # graph checks, TensorRT op check, onnxruntime vs PyTorch
+    validation_batches: list[int] = field(default_factory=list)
+    example_batch: int = 0
+    prefill_path: Path | None = None
+    prefill_report: "Report | None" = None
+    versions: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and (self.prefill_report is None or self.prefill_report.ok)
+
+    def trtexec_command(self) -> str:
+        from xlstm_zoo.export.tensorrt import trtexec_command
+
+        return trtexec_command(self.onnx_path, self.signature, self.batch)
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of torch and the export toolchain (``not installed`` where absent)."""
+    out = {"torch": torch.__version__}
+    for dist in (*_NEEDED, "tensorrt", "torch-tensorrt"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def parse_batch(batch) -> tuple[int, int, int]:
+    """``(min, opt, max)`` from a triple or ``"MIN,OPT,MAX"``; a single size means a fixed batch."""
+    if isinstance(batch, str):
+        try:
+            parts = [int(p) for p in batch.replace(" ", "").split(",")]
+        except ValueError:
+            raise ConfigError(f"--batch must be MIN,OPT,MAX (three integers), got {batch!r}") from None
+    elif isinstance(batch, int):
+        parts = [batch]
+    else:
+        parts = [int(p) for p in batch]
+    if len(parts) == 1:
+        parts = parts * 3
+    if len(parts) != 3 or not 1 <= parts[0] <= parts[1] <= parts[2]:
+        raise ConfigError(f"batch must be MIN,OPT,MAX with 1 <= MIN <= OPT <= MAX, got {batch!r}")
+    return tuple(parts)
+
+
+def _check_toolchain() -> None:
+    missing = [m for m in _NEEDED if versions()[m] == "not installed"]
+    if missing:
+        raise ExportError(f"ONNX export needs {', '.join(missing)}: pip install 'xlstm-zoo[onnx]'")
+
+
+def writable_dir(out_dir) -> Path:
+    """Create ``out_dir`` if needed and prove that files can be written there (one-line error if not)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".xlstm-zoo-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(f"output directory {str(out)!r} is not writable: {err.strerror or err}") from None
+    return out
+
+
+def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | None = None, dtype: str = "float32",
+                validate: bool = True, rollout_steps: int = 1000, prefill: int | None = None,
+                input_dim: int | None = None, name: str = "step", source: str = "",
+                threads: int | None = None, seed: int = 0) -> ExportResult:
+    """Export ``model``'s recurrent step to ``out_dir/{name}.onnx`` and validate it.
+
+    ``model`` is anything with ``init_state(batch)`` and ``step(x_t, state)``: a model from a recipe,
+    a stack, a block or a cell. ``batch=(min, opt, max)`` is the dynamic batch range (``opt`` is
+    the tracing example); ``dtype`` the compute dtype (states stay fp32); ``prefill=T`` also
+    writes ``{name}.prefill.onnx`` taking T tokens at once. ``validate`` runs onnxruntime against
+    PyTorch at the batch sizes ``min``, ``opt`` and ``max`` and over ``rollout_steps`` steps from the
+    zero and a random state. Also written: ``{name}.json`` (names, shapes, zero-state values,
+    opset, versions, validation). Check ``result.ok``; ``result.report`` has every number.
+    """
+    from xlstm_zoo.export import onnx as onnx_export
+    from xlstm_zoo.export import validate as checks
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r} (known dtypes: {', '.join(DTYPES)})")
+    batch = parse_batch(batch)
+    opset = onnx_export.DEFAULT_OPSET if opset is None else int(opset)
+    if opset < onnx_export.MIN_OPSET:
+        raise ConfigError(f"opset {opset} is too old: the dynamo exporter writes opset {onnx_export.MIN_OPSET} or newer")
+    if prefill is not None and prefill < 1:
+        raise ConfigError(f"prefill must be a number of tokens >= 1, got {prefill}")
+    if rollout_steps < 0:
+        raise ConfigError(f"rollout_steps must be >= 0, got {rollout_steps}")
+    out = writable_dir(out_dir)
+    _check_toolchain()
+    import onnx
+
+    torch_dtype = DTYPES[dtype]
+    work = prepare_model(model, torch_dtype)
+    signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__)
+    module = StepModule(work, signature).eval()
+    found = versions()
+    meta = {"xlstm_zoo.opset": str(opset), "xlstm_zoo.dtype": dtype, "xlstm_zoo.batch": list(batch),
+            "xlstm_zoo.source": signature.source}
+    path = onnx_export.export_onnx(module, signature, out / f"{name}.onnx", batch=batch, opset=opset, metadata=meta)
+    proto = onnx.load(str(path), load_external_data=False)
+    report = checks.Report()
+    report.graph = onnx_export.graph_checks(proto, signature, batch)
+    report.trt = checks.check_trt_ops(proto)
+    example = onnx_export.example_batch(batch)
+    val_batches = sorted({batch[0], example, batch[2]})
+    others = [b for b in val_batches if b != example]
+    if validate:
+        ort_report = checks.validate_step(path, module, signature, batches=val_batches, rollout_steps=rollout_steps,
+                                          rollout_batch=others[0] if others else example, dtype=dtype, seed=seed,
+                                          threads=threads)
+        report.rows, report.seconds = ort_report.rows, ort_report.seconds
+    prefill_path = prefill_report = None
+    if prefill:
+        pre_module = PrefillModule(work, signature).eval()
+        pre_sig = _prefill_signature(signature, pre_module, prefill)
+        prefill_path = onnx_export.export_onnx(pre_module, pre_sig, out / f"{name}.prefill.onnx", batch=batch,
+                                               opset=opset,
+                                               metadata={**meta, "xlstm_zoo.prefill_tokens": str(prefill)})
+        pre_proto = onnx.load(str(prefill_path), load_external_data=False)
+        prefill_report = checks.Report(graph=onnx_export.graph_checks(pre_proto, pre_sig, batch),
+                                       trt=checks.check_trt_ops(pre_proto))
+        if validate:
+            pre = checks.validate_prefill(prefill_path, pre_module, pre_sig, batches=val_batches, seq_len=prefill,
+                                          dtype=dtype, seed=seed, threads=threads)
+            prefill_report.rows, prefill_report.seconds = pre.rows, pre.seconds
+    result = ExportResult(path, out / f"{name}.json", signature, opset, dtype, batch, path.stat().st_size,
+                          onnx_export.op_histogram(proto), report, val_batches, example, prefill_path, prefill_report,
+                          found)
+    _write_metadata(result)
+    return result
+
+
+def _prefill_signature(signature: StepSignature, pre_module: PrefillModule, seq_len: int) -> StepSignature:
+    """The step signature with a time axis of fixed length ``seq_len`` on the input (and the output)."""
+    from dataclasses import replace
+
+    inp = replace(signature.input, name="tokens" if signature.kind == "token" else "x",
+                  shape=(seq_len, *signature.input.shape))
+    pre = replace(signature, input=inp)
+    with torch.no_grad():  # the output's shape (a classifier that pools has no time axis)
+        y = pre_module(pre.example_input(2, torch.Generator().manual_seed(0)), *pre.zero_state(2))[0]
+    pre.output = replace(signature.output, shape=tuple(y.shape[1:]), dtype=y.dtype)
+    return pre
+
+
+def _write_metadata(result: ExportResult) -> None:
+    data = {
+        "format": "xlstm-zoo step model",
+        "source": result.signature.source,
+        "onnx": result.onnx_path.name,
+        "opset": result.opset,
+        "dtype": result.dtype,
+        "states_dtype": "float32",
+        "batch": dict(zip(("min", "opt", "max"), result.batch)),
+        **result.signature.describe(),
+        "zero_state": "feed each state's `zero` value (sLSTM m is -inf: exp(-inf) = 0 gives the first step "
+                      "m = log i and n = 1, exactly as in PyTorch)",
+        "versions": result.versions,
+        "file_size": result.file_size,
+        "ops": dict(sorted(result.histogram.items())),
+        "validation": result.report.as_dict(),
+        "trtexec": result.trtexec_command(),
+    }
+    if result.prefill_path is not None:
+        data["prefill"] = {"onnx": result.prefill_path.name, "validation": result.prefill_report.as_dict()}
+    result.metadata_path.write_text(json.dumps(data, indent=1) + "\n")

@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     from xlstm_zoo.grid.commands import add_commands
 
     add_commands(sub)  # train, grid, report
+
+    from xlstm_zoo.export.cli import add_parser as add_export_parser
+
+    add_export_parser(sub)  # export (ONNX / TensorRT step models)
     return p
 
 
@@ -80,7 +84,7 @@ def cmd_list(args) -> int:
     found = registry.find(args.kind, args.pattern)
     table = Table("kind", "name", "description", "from")
     for c in found:
-        table.add_row(c.kind, c.name, c.description, c.source)
+        table.add_row(c.kind, c.name, escape(c.description), c.source)
     console.print(table)
     if not found:
         console.print(f"no components match {args.pattern!r}" if args.pattern else "no components")
@@ -92,12 +96,12 @@ def cmd_show(args) -> int:
     from xlstm_zoo.registry import registry
 
     entry = registry.get(args.kind, args.name)
-    console.print(f"[bold]{entry.kind} {entry.name}[/] ({entry.source}): {entry.description}")
+    console.print(f"[bold]{entry.kind} {entry.name}[/] ({escape(entry.source)}): {escape(entry.description)}")
     table = Table("field", "type", "default", "description")
     for name, field in entry.config.model_fields.items():
         if name == "type":
             continue
-        table.add_row(name, _type_name(field), _default(field), field.description or "")
+        table.add_row(name, escape(_type_name(field)), escape(_default(field)), escape(field.description or ""))
     console.print(table)
     return 0
 
