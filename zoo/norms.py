@@ -52,7 +52,7 @@ class _Norm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        g = x.float().reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
+        g = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
         if self.centre:
             g = g - g.mean(-1, keepdim=True)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
