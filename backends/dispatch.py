@@ -78,17 +78,23 @@ def _select(op, device, dtype, force, options) -> Backend:
             raise BackendError(f"backend {force!r} was forced but does not support {op} on {device.type}/{dtype} {options}")
         return chosen
     for candidate in sorted(backends.values(), key=lambda b: -b.priority):
-        if candidate.unavailable_reason() is None and candidate.supports(op, device, dtype, **options):
+        if _status(candidate, op, device, dtype, options) == "ok":
             return candidate
     raise BackendError(f"no registered backend supports {op} on {device.type}/{dtype} {options}; registered: {', '.join(sorted(backends))}")
 
 
 def explain(op: str, device: torch.device, dtype: torch.dtype, **options) -> list[tuple[str, int, str]]:
     """(backend, priority, status) for every backend, highest priority first: why each is or isn't used."""
-    rows = []
-    for candidate in sorted(_backends().values(), key=lambda b: -b.priority):
-        reason = candidate.unavailable_reason()
-        if reason is None and not candidate.supports(op, device, dtype, **options):
+    return [(b.name, b.priority, _status(b, op, device, dtype, options))
+            for b in sorted(_backends().values(), key=lambda b: -b.priority)]
+
+
+def _status(backend: Backend, op, device, dtype, options) -> str:
+    """'ok', or why the backend can't serve this call; a backend whose checks raise is unavailable."""
+    try:
+        reason = backend.unavailable_reason()
+        if reason is None and not backend.supports(op, device, dtype, **options):
             reason = f"does not support {op} on {device.type}/{dtype}"
-        rows.append((candidate.name, candidate.priority, reason or "ok"))
-    return rows
+    except Exception as err:  # a broken plugin backend must not stop dispatch
+        reason = f"its availability check raised {type(err).__name__}: {err}"
+    return reason or "ok"

@@ -1,68 +1,48 @@
-"""Plugin hooks (pluggy) and plugin loading.
+"""Plugins: third-party components registered through a pluggy hook, core included.
 
-A plugin is a module with a ``register_components(register)`` hook implementation, found through
-the ``xlstm_zoo`` entry-point group. The hook receives a registration callback; the built-in
-components are registered by :mod:`xlstm_zoo.builtins` through this very hook.
+A plugin is a module with a ``register_components(register)`` hook implementation::
 
     from xlstm_zoo.plugins import hookimpl
 
     @hookimpl
     def register_components(register):
         register(MyCell)  # a builder tagged with @xlstm_zoo.component(...)
+
+found through the ``xlstm_zoo`` entry-point group of an installed distribution, or named in
+``XLSTM_ZOO_PLUGINS=mod1,mod2`` or ``xlstm-zoo --plugin MODULE``. The built-in components are
+registered by :mod:`xlstm_zoo.builtins` through this very hook. ``XLSTM_ZOO_DISABLE_PLUGINS=1``
+switches every third-party plugin off (or a comma-separated list of names, just those);
+``XLSTM_ZOO_STRICT_PLUGINS=1`` (``--strict-plugins``) turns every plugin warning into an error.
+
+- :mod:`~xlstm_zoo.plugins.hookspecs`: the hook specifications (the contract);
+- :mod:`~xlstm_zoo.plugins.loader`: discovery, loading each plugin in isolation, bookkeeping;
+- :mod:`~xlstm_zoo.plugins.guard`: build-time isolation and the conformance check on first build;
+- :mod:`~xlstm_zoo.plugins.status`: :class:`PluginInfo`, warnings, strict mode;
+- :mod:`~xlstm_zoo.plugins.cli`: the ``xlstm-zoo plugins`` command and the global options.
+
+Plugin authors test their components with :mod:`xlstm_zoo.testing`.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import warnings
+from xlstm_zoo.plugins.hookspecs import PROJECT, ZooHookSpecs, hookimpl, hookspec
+from xlstm_zoo.plugins.loader import ENV_DISABLE, ENV_PLUGINS, call_hook, load_plugins, plugin_manager
+from xlstm_zoo.plugins.status import ENV_STRICT, PluginError, PluginInfo, PluginWarning
 
-import pluggy
-
-PROJECT = "xlstm_zoo"
-ENV_DISABLE = "XLSTM_ZOO_DISABLE_PLUGINS"
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+__all__ = ["ENV_DISABLE", "ENV_PLUGINS", "ENV_STRICT", "PROJECT", "PluginError", "PluginInfo", "PluginWarning",
+           "ZooHookSpecs", "call_hook", "configure", "hookimpl", "hookspec", "load_plugins", "plugin_manager"]
 
 
-class ZooHookSpecs:
-    @hookspec
-    def register_components(self, register):
-        """Register components (cells, gates, norms, blocks, stacks, models, backends, ...).
+def configure(*, strict: bool | None = None, modules: list[str] | tuple[str, ...] = ()) -> None:
+    """Settings for this process (the CLI's ``--strict-plugins`` and ``--plugin``).
 
-        :param register: callback ``register(builder, *, override=False)`` for a builder tagged
-            with :func:`xlstm_zoo.component`, or ``register(kind=..., name=..., config=...,
-            builder=..., description=..., override=False)``. Registering a name that another
-            plugin (or core) already registered is an error unless ``override=True``.
-        """
+    ``strict=None`` leaves strict mode to ``XLSTM_ZOO_STRICT_PLUGINS``. ``modules`` are loaded
+    with the other plugins, or at once if the registry has loaded its plugins already."""
+    from xlstm_zoo.plugins import status
+    from xlstm_zoo.plugins.loader import load_modules
+    from xlstm_zoo.registry import registry
 
-
-def plugin_manager() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager(PROJECT)
-    pm.add_hookspecs(ZooHookSpecs)
-    return pm
-
-
-def load_plugins(registry) -> pluggy.PluginManager:
-    """Register core, then every installed third-party plugin, into ``registry``."""
-    from xlstm_zoo import builtins
-
-    pm = plugin_manager()
-    pm.register(builtins, name="xlstm-zoo")
-    if not os.environ.get(ENV_DISABLE):
-        try:
-            pm.load_setuptools_entrypoints(PROJECT)
-        except Exception as err:  # one broken distribution must not take the others down
-            warnings.warn(f"xlstm-zoo: loading plugins failed: {type(err).__name__}: {err}", stacklevel=2)
-    for impl in pm.hook.register_components.get_hookimpls():
-        register = functools.partial(registry.register, source=impl.plugin_name)
-        if impl.plugin_name == "xlstm-zoo":
-            impl.function(register=register)  # core errors are bugs: let them surface
-            continue
-        try:
-            impl.function(register=register)
-        except Exception as err:
-            warnings.warn(f"xlstm-zoo: plugin {impl.plugin_name!r} failed to register: {type(err).__name__}: {err}",
-                          stacklevel=2)
-    return pm
+    status.options.strict = strict
+    status.options.modules = list(modules)
+    if modules and registry.loaded:
+        load_modules(registry, list(modules))

@@ -103,3 +103,23 @@ def test_recipe_field_forces_a_backend_per_cell(fake_backends):
     model = build(load_recipe("xlstm_1_0", ["dim=16", "stack.num_blocks=1"]))
     model.step(torch.zeros(2, dtype=torch.long), model.init_state(2))
     assert len(fake_backends.calls) == 1, "without the field the dispatcher picks the highest priority"
+
+
+class Raising(Backend):
+    def supports(self, op, device, dtype, **options):
+        raise RuntimeError("driver exploded")
+
+
+class RaisingConfig(ZooConfig):
+    type: Literal["fake_raising"] = "fake_raising"
+
+
+def test_backend_whose_checks_raise_is_skipped():
+    registry.register(kind="backend", name="fake_raising", config=RaisingConfig,
+                      builder=lambda c: Raising(name="fake_raising", priority=500, ops={}), description="test")
+    try:
+        assert select("mlstm_step", torch.device("cpu"), torch.float32).name == "reference"
+        rows = {n: s for n, _, s in explain("mlstm_step", torch.device("cpu"), torch.float32)}
+        assert rows["fake_raising"] == "its availability check raised RuntimeError: driver exploded"
+    finally:
+        registry.unregister("backend", "fake_raising")

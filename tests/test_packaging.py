@@ -14,18 +14,14 @@ import json
 import os
 import re
 import shutil
-import site
-import subprocess
 import sys
-import sysconfig
 import textwrap
 import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from venv_helpers import ROOT, make_venv, run, show, under
 
 # Source folder -> import name (DESIGN.md section 1).
 CODE_FOLDERS = {
@@ -80,24 +76,6 @@ def shipped_recipe_names() -> list[str]:
     return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
 
 
-def _clean_env(**extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "FORCE_COLOR", "TTY_COMPATIBLE")}
-    env.update(PYTHONNOUSERSITE="1", COLUMNS="200", NO_COLOR="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
-               PIP_NO_INDEX="1", PYTHONDONTWRITEBYTECODE="1")
-    env.update(extra)
-    return env
-
-
-def _run(cmd, *, cwd, timeout=120, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env or _clean_env(), capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def _show(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
-
-
 # -- 1. the wheel, installed into a fresh virtual environment ----------------------------------------
 
 # Run inside the venv: import every module, report where each came from. The editable install of the
@@ -124,20 +102,6 @@ IMPORT_ALL = textwrap.dedent("""
 """)
 
 
-def _running_site_dirs() -> list[str]:
-    dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
-    dirs += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    out = []
-    for d in dirs:
-        if d and Path(d).is_dir() and d not in out:
-            out.append(d)
-    return out
-
-
-def _under(path: str | os.PathLike, parent: Path) -> bool:
-    return Path(path).resolve().is_relative_to(parent.resolve())
-
-
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """Build the wheel from (a copy of) the repository root, without build isolation.
@@ -150,8 +114,8 @@ def wheel(tmp_path_factory) -> Path:
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
         ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".benchmarks", ".venv", "runs"))
     out = tmp / "dist"
-    proc = _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out], cwd=src, timeout=180)
-    assert proc.returncode == 0, "python -m build --wheel failed:\n" + _show(proc)
+    proc = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out], cwd=src, timeout=180)
+    assert proc.returncode == 0, "python -m build --wheel failed:\n" + show(proc)
     wheels = list(out.glob("*.whl"))
     assert len(wheels) == 1, f"expected one wheel, got {wheels}"
     return wheels[0]
@@ -161,23 +125,13 @@ def wheel(tmp_path_factory) -> Path:
 def venv(wheel, tmp_path_factory):
     """A fresh venv that sees the running interpreter's packages (torch) and has the wheel installed."""
     tmp = tmp_path_factory.mktemp("venv")
-    env_dir = tmp / "venv"
-    proc = _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", env_dir], cwd=tmp)
-    assert proc.returncode == 0, _show(proc)
-    bindir = env_dir / ("Scripts" if os.name == "nt" else "bin")
-    python = bindir / ("python.exe" if os.name == "nt" else "python")
-    proc = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp)
-    assert proc.returncode == 0, _show(proc)
-    venv_site = Path(proc.stdout.strip())
-    assert _under(venv_site, env_dir), f"venv purelib {venv_site} is not inside {env_dir}"
-    # torch may live in a venv (the Makefile's .venv), which --system-site-packages does not expose.
-    (venv_site / "_xlstm_zoo_test_running_env.pth").write_text(
-        "".join(d + "\n" for d in _running_site_dirs() if not _under(d, env_dir)))
+    made = make_venv(tmp)  # asserts the venv's purelib is inside it; adds the running site-packages
+    env_dir, python, bindir, venv_site = made["dir"], made["python"], made["bin"], made["site"]
     # pip comes from the running environment; --ignore-installed because the outer editable install
     # is visible, and pip would otherwise consider xlstm-zoo already installed.
-    proc = _run([python, "-m", "pip", "install", "--no-deps", "--ignore-installed", "--no-index", wheel], cwd=tmp,
+    proc = run([python, "-m", "pip", "install", "--no-deps", "--ignore-installed", "--no-index", wheel], cwd=tmp,
                 timeout=180)
-    assert proc.returncode == 0, "pip install of the wheel into the venv failed:\n" + _show(proc)
+    assert proc.returncode == 0, "pip install of the wheel into the venv failed:\n" + show(proc)
     return dict(dir=env_dir, python=python, bin=bindir, site=venv_site, tmp=tmp)
 
 
@@ -211,11 +165,11 @@ def test_wheel_installs_and_runs_in_fresh_venv(wheel, venv):
         f"no triton requirement under the 'triton' extra: {requires}"
 
     # -- installed into the venv, and really the wheel (not the outer editable install) ---------
-    proc = _run([python, "-c", "import xlstm_zoo; print(xlstm_zoo.__file__)"], cwd=cwd)
-    assert proc.returncode == 0, _show(proc)
+    proc = run([python, "-c", "import xlstm_zoo; print(xlstm_zoo.__file__)"], cwd=cwd)
+    assert proc.returncode == 0, show(proc)
     init_file = Path(proc.stdout.strip().splitlines()[-1])
-    assert _under(init_file, venv_site), f"xlstm_zoo imported from {init_file}, not from the venv ({venv_site})"
-    assert not _under(init_file, ROOT), f"xlstm_zoo imported from the repository: {init_file}"
+    assert under(init_file, venv_site), f"xlstm_zoo imported from {init_file}, not from the venv ({venv_site})"
+    assert not under(init_file, ROOT), f"xlstm_zoo imported from the repository: {init_file}"
 
     for name in GENERIC_TOP_LEVEL:
         assert not (venv_site / name).exists() and not (venv_site / f"{name}.py").exists(), \
@@ -224,15 +178,15 @@ def test_wheel_installs_and_runs_in_fresh_venv(wheel, venv):
     # -- every module of the source tree imports from the wheel --------------------------------
     modules = source_modules()
     assert "xlstm_zoo.cli" in modules and "xlstm_zoo.backends" in modules, modules
-    proc = _run([python, "-c", IMPORT_ALL, json.dumps(modules)], cwd=cwd, timeout=120)
-    assert proc.returncode == 0 and "RESULT=" in proc.stdout, _show(proc)
+    proc = run([python, "-c", IMPORT_ALL, json.dumps(modules)], cwd=cwd, timeout=120)
+    assert proc.returncode == 0 and "RESULT=" in proc.stdout, show(proc)
     result = json.loads(proc.stdout.rsplit("RESULT=", 1)[1])
     assert not result["errors"], "modules of the source tree that do not import from the wheel " \
                                  "(missing from [tool.setuptools] packages?):\n" + \
                                  "\n".join(f"  {k}: {v}" for k, v in result["errors"].items())
-    elsewhere = {m: f for m, f in result["modules"].items() if not _under(f, venv_site)}
+    elsewhere = {m: f for m, f in result["modules"].items() if not under(f, venv_site)}
     assert not elsewhere, f"modules not loaded from the wheel in {venv_site}: {elsewhere}"
-    assert _under(result["recipes_dir"], venv_site), result["recipes_dir"]
+    assert under(result["recipes_dir"], venv_site), result["recipes_dir"]
     assert result["recipes"] == shipped_recipe_names(), "shipped recipes in the wheel differ from recipes/"
 
     # -- the console script from the wheel ----------------------------------------------------
@@ -241,18 +195,18 @@ def test_wheel_installs_and_runs_in_fresh_venv(wheel, venv):
     first = script.read_text(errors="replace").splitlines()[0] if os.name != "nt" else ""
     assert os.name == "nt" or str(venv["dir"]) in first, f"console script does not use the venv python: {first}"
 
-    proc = _run([script, "list", "cell"], cwd=cwd)
-    assert proc.returncode == 0, _show(proc)
+    proc = run([script, "list", "cell"], cwd=cwd)
+    assert proc.returncode == 0, show(proc)
     for cell in ("lstm", "slstm", "mlstm"):
         assert re.search(rf"\b{cell}\b", proc.stdout), f"{cell} missing from `xlstm-zoo list cell`:\n{proc.stdout}"
 
-    proc = _run([script, "recipes"], cwd=cwd)
-    assert proc.returncode == 0, _show(proc)
+    proc = run([script, "recipes"], cwd=cwd)
+    assert proc.returncode == 0, show(proc)
     for rec in shipped_recipe_names():
         assert rec in proc.stdout, f"{rec} missing from `xlstm-zoo recipes` (wheel):\n{proc.stdout}"
 
-    proc = _run([script, "build", "xlstm_7_1"], cwd=cwd)
-    assert proc.returncode == 0, _show(proc)
+    proc = run([script, "build", "xlstm_7_1"], cwd=cwd)
+    assert proc.returncode == 0, show(proc)
     assert "xLSTM[7:1]" in proc.stdout and "total" in proc.stdout, proc.stdout
     import xlstm_zoo  # the outer (editable) install: a wheel and an editable install build the same model
 
@@ -292,9 +246,9 @@ NO_TRITON = textwrap.dedent("""
 
 
 def test_triton_is_optional(tmp_path):
-    proc = _run([sys.executable, "-c", NO_TRITON, json.dumps(source_modules())], cwd=tmp_path, timeout=120)
+    proc = run([sys.executable, "-c", NO_TRITON, json.dumps(source_modules())], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0 and "OK" in proc.stdout, \
-        "xlstm_zoo needs triton to import, build or run a model:\n" + _show(proc)
+        "xlstm_zoo needs triton to import, build or run a model:\n" + show(proc)
 
 
 # -- 3. pyproject lists every package of the source tree ----------------------------------------------

@@ -8,16 +8,18 @@ from typing import Literal
 
 import torch
 
+from pydantic import Field
+
 from xlstm_zoo.config import ZooConfig
 from xlstm_zoo.registry import component, registry
-from xlstm_zoo.tasks.base import IGNORE, Batch, Task
+from xlstm_zoo.tasks.base import IGNORE, Batch, Task, check_split
 
 
 class ToyCopyConfig(ZooConfig):
     type: Literal["toy_copy"] = "toy_copy"
-    length: int = 3
-    symbols: int = 4
-    eval_sequences: int = 32
+    length: int = Field(3, ge=1, description="tokens after the first one (test: twice as many)")
+    symbols: int = Field(4, ge=1, description="alphabet size")
+    eval_sequences: int = Field(32, ge=16, description="sequences in each fixed evaluation set")
 
 
 @component("task", "toy_copy", config=ToyCopyConfig, description="test task: recall the first token")
@@ -28,6 +30,7 @@ class ToyCopy(Task):
         self._eval = {}
 
     def batch(self, split, batch_size, generator):
+        check_split(split)
         length = self.config.length * (2 if split == "test" else 1)
         body = torch.randint(0, self.config.symbols, (batch_size, length), generator=generator)
         sep = torch.full((batch_size, 1), self.config.symbols)
@@ -37,11 +40,12 @@ class ToyCopy(Task):
         return Batch(tokens, targets)
 
     def eval_batches(self, split):
+        check_split(split)
         if split not in self._eval:
             g = torch.Generator().manual_seed(1234 + len(split))
             n = self.config.eval_sequences
             self._eval[split] = [self.batch(split, 16, g) for _ in range(max(1, n // 16))]
-        return self._eval[split]
+        return [Batch(b.tokens.clone(), b.targets.clone()) for b in self._eval[split]]  # callers can't alter it
 
 
 def register():

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from xlstm_zoo.plugins.cli import apply_options
+
+        apply_options(args)  # strict mode and --plugin modules, before any registry access
         return args.run(args) or 0
     except ZooError as err:
         if args.debug:
@@ -38,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xlstm-zoo", description="Compose, build and run xLSTM-family models.")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
+                   help="load a plugin module, e.g. a local my_cells.py (repeatable; also XLSTM_ZOO_PLUGINS=mod1,mod2)")
+    p.add_argument("--strict-plugins", action="store_true",
+                   help="turn every plugin warning into an error (also XLSTM_ZOO_STRICT_PLUGINS=1)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     c = sub.add_parser("list", help="list registered components (wildcards allowed)")
@@ -71,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     from xlstm_zoo.grid.commands import add_commands
 
     add_commands(sub)  # train, grid, report
+
+    from xlstm_zoo.plugins.cli import cmd_plugins
+
+    c = sub.add_parser("plugins", help="list plugins (core included): distribution, version, status, what each registered")
+    c.add_argument("--check", action="store_true",
+                   help="also run xlstm_zoo.testing's conformance checks on every third-party component (exit 1 on failure)")
+    c.set_defaults(run=cmd_plugins)
 
     from xlstm_zoo.export.cli import add_parser as add_export_parser
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from xlstm_zoo.errors import RegistryError, UnknownComponentError
 
-KINDS = ("cell", "gate", "norm", "block", "stack", "model", "backend")
+KINDS = ("cell", "gate", "norm", "block", "stack", "model", "task", "backend")
 _TAG = "__zoo_component__"
 
 
@@ -33,7 +33,13 @@ class Component:
     config: type[BaseModel]
     builder: Callable[..., Any]
     description: str
-    source: str = "xlstm-zoo"
+    source: str = "xlstm-zoo"  # the distribution (or local plugin module) that registered it
+    version: str | None = None  # that distribution's version, where known
+
+    @property
+    def origin(self) -> str:
+        """``source`` and ``version`` for messages, e.g. ``xlstm-zoo-mingru 0.1.0``."""
+        return f"{self.source} {self.version}" if self.version else self.source
 
     def default_config(self) -> BaseModel:
         return self.config()
@@ -62,26 +68,44 @@ class Registry:
         self._loaded = False
         self._lock = threading.RLock()
         self.version = 0  # bumped on every change, so caches (e.g. backend choice) can invalidate
+        # What each plugin (core included) did: ``xlstm_zoo.plugins.PluginInfo`` records, filled in
+        # by the plugin loader; ``xlstm-zoo plugins`` shows them.
+        self.plugins: list = []
 
     # -- registration -----------------------------------------------------------------------
     def register(self, builder=None, *, kind: str | None = None, name: str | None = None,
                  config: type[BaseModel] | None = None, description: str | None = None,
-                 override: bool = False, source: str = "xlstm-zoo") -> Component:
+                 override: bool = False, source: str = "user code", version: str | None = None) -> Component:
         """Register a tagged builder, or give kind/name/config/builder/description explicitly."""
+        entry = self.make_component(builder, kind=kind, name=name, config=config, description=description,
+                                    source=source, version=version)
+        return self.add(entry, override=override)
+
+    def make_component(self, builder=None, *, kind: str | None = None, name: str | None = None,
+                       config: type[BaseModel] | None = None, description: str | None = None,
+                       source: str = "user code", version: str | None = None) -> Component:
+        """A validated :class:`Component` (tag of ``builder`` filled in), not yet registered."""
         tag = getattr(builder, _TAG, None) or {}
         kind, name = kind or tag.get("kind"), name or tag.get("name")
         config, description = config or tag.get("config"), description or tag.get("description")
         _check_registration(kind, name, config, builder, description)
-        entry = Component(kind, name, config, builder, description.strip(), source)
+        return Component(kind, name, config, builder, description.strip(), source, version)
+
+    def existing(self, kind: str, name: str) -> Component | None:
+        """The component already registered under (kind, name), if any (plugins not loaded here)."""
+        return self._components.get(kind, {}).get(name)
+
+    def add(self, entry: Component, *, override: bool = False) -> Component:
+        """Store a validated component; a name taken by another is an error unless ``override``."""
         with self._lock:
-            existing = self._components.get(kind, {}).get(name)
+            existing = self._components.get(entry.kind, {}).get(entry.name)
             if existing is not None and not override:
                 raise RegistryError(
-                    f"{kind} {name!r} is already registered by {existing.source}; {source} registers it "
-                    "again. Pass override=True to replace it deliberately."
+                    f"{entry.kind} {entry.name!r} is already registered by {existing.origin}; {entry.origin} "
+                    "registers it again. Pass override=True to replace it deliberately."
                 )
-            self._components.setdefault(kind, {})[name] = entry
-            self._instances.pop((kind, name), None)
+            self._components.setdefault(entry.kind, {})[entry.name] = entry
+            self._instances.pop((entry.kind, entry.name), None)
             self.version += 1
         return entry
 
@@ -92,6 +116,11 @@ class Registry:
             self.version += 1
 
     # -- lookup -----------------------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        """Whether core and the plugins have been loaded (that happens on first lookup)."""
+        return self._loaded
+
     def _ensure_loaded(self) -> None:
         if self._loaded:
             return
@@ -101,7 +130,14 @@ class Registry:
             self._loaded = True  # set first: plugins register through us while loading
             from xlstm_zoo.plugins import load_plugins
 
-            load_plugins(self)
+            before = {kind: dict(names) for kind, names in self._components.items()}
+            try:
+                load_plugins(self)
+            except BaseException:  # strict mode (or a bug in core): leave no half-loaded registry behind
+                self._components, self._loaded, self.plugins = before, False, []
+                self._instances.clear()
+                self.version += 1
+                raise
 
     def kinds(self) -> list[str]:
         self._ensure_loaded()
