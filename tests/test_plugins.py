@@ -243,6 +243,35 @@ def test_recipe_with_plugin_cell_trains_in_a_tiny_grid(env):
                      "layernorm": ["xlstm_zoo.norms.LayerNorm"] * 2}, norms
 
 
+GRID_RECIPE = """\
+name: mingru grid
+model:
+  type: causal_lm
+  vocab_size: null
+  dim: 16
+  stack: {type: xlstm, pattern: m, blocks: {m: {type: pre_up, norm: dyt, cell: {type: mingru, chunk_size: 8}}}}
+task: {type: parity, train_lengths: [3, 8], test_lengths: [9, 12], eval_sequences: 64}
+train: {steps: 5, batch_size: 8, warmup_steps: 0, eval_splits: [valid]}
+grid:
+  variants: {dyt: {}, layernorm: {model.stack.blocks.m.norm: layernorm}}
+report: {rows: variant, metric: accuracy, split: valid}
+"""
+
+
+def test_plugin_cell_runs_in_an_xlstm_zoo_grid(env):
+    recipe = env["recipes"] / "mingru_grid.yaml"
+    recipe.write_text(GRID_RECIPE)
+    out = env["tmp"] / "grid_run"
+    codes, outputs, proc = zoo(env, ["grid", recipe, "--out", out], XLSTM_ZOO_STRICT_PLUGINS="1")
+    assert codes == [0], show(proc)
+    stdout, stderr = outputs[0]
+    assert "2 cells ran, 0 already done, 0 failed" in stderr, show(proc)
+    assert "| dyt | " in stdout and "| layernorm | " in stdout, stdout
+    results = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/result.json"))]
+    assert [r["status"] for r in results] == ["finished", "finished"], results
+    assert any("mingru" in p.read_text() for p in (out / "cells").glob("*/recipe.yaml"))
+
+
 def test_disable_env_hides_installed_plugins(env):
     codes, out, proc = zoo(env, ["list", "cell"], ["plugins"], XLSTM_ZOO_DISABLE_PLUGINS="1")
     assert codes == [0, 0], show(proc)
