@@ -43,20 +43,14 @@ def _load(args):
 def cmd_train(args) -> int:
     from rich.progress import Progress
 
+    from xlstm_zoo.grid.runner import progress_columns
     from xlstm_zoo.training.trainer import train
 
     recipe = _load(args)
-    with Progress(*_columns(), console=Console(stderr=True)) as progress:
+    with Progress(*progress_columns(), console=Console(stderr=True)) as progress:
         result = train(recipe, args.out, progress=progress, description=recipe.name or "training")
     print(json.dumps(result, indent=2))
     return 0
-
-
-def _columns():
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TimeRemainingColumn()]
 
 
 def default_out(recipe, profile: str | None) -> Path:

@@ -51,6 +51,12 @@ def grid_manifest(recipe, cells: list[Cell]) -> dict:
     }
 
 
+def progress_columns() -> list:
+    """Progress-bar layout shared by `train` and `grid`: description, bar, count, loss/rate, times."""
+    return [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TimeRemainingColumn()]
+
+
 def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None) -> dict:
     """Run every cell that has no result yet; returns counts of finished/skipped/failed cells."""
     from xlstm_zoo.training.trainer import train
@@ -59,9 +65,7 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
     cells = expand(recipe)
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))
     counts = {"ran": 0, "skipped": 0, "failed": 0}
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=console or Console(stderr=True), transient=False) as progress:
+    with Progress(*progress_columns(), console=console or Console(stderr=True), transient=False) as progress:
         overall = progress.add_task("grid", total=len(cells), info="")
         for cell in cells:
             cell_dir = out_dir / "cells" / cell.id
