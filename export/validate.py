@@ -192,6 +192,17 @@ def judge_against_float64(row: Row, err_ort: float, err_torch: float, atol: floa
     row.ok = bool(math.isfinite(err_ort) and err_ort <= FLOAT64_FACTOR * err_torch + atol)
 
 
+def compare_outputs(check: str, batch: int, names, got, want, truth, tol) -> list[Row]:
+    """One row per tensor (onnxruntime ``got`` vs PyTorch ``want``); tensors outside tolerance get the
+    float64 second look, with ``truth()`` (called only then) giving the float64 results."""
+    rows = [Row(check, batch, name, tuple(g.shape), *compare(g, _np(w), *tol)) for name, g, w in zip(names, got, want)]
+    if not all(r.ok for r in rows):
+        for row, g, w, t in zip(rows, got, want, truth()):
+            if not row.ok and not row.note.startswith("shape"):
+                judge_against_float64(row, max_abs_diff(g, _np(t)), max_abs_diff(_np(w), _np(t)), tol[0])
+    return rows
+
+
 def validate_step(path, module: StepModule, signature: StepSignature, *, batches: list[int], rollout_steps: int = 1000,
                   rollout_batch: int | None = None, dtype: str = "float32", seed: int = 0,
                   threads: int | None = None) -> Report:
@@ -216,16 +227,8 @@ def validate_step(path, module: StepModule, signature: StepSignature, *, batches
                 states = signature.zero_state(b) if start_kind == "zero" else signature.random_state(b, gen)
                 ref = module(x, *states)
                 got_y, got_states = ort_step(_np(x), [_np(s) for s in states])
-                got_all = [got_y, *got_states]
-                rows = [Row(f"step from {start_kind}", b, name, tuple(got.shape), *compare(got, _np(want), *step_tol))
-                        for name, got, want in zip(names, got_all, ref)]
-                if not all(r.ok for r in rows):
-                    truth = ref64(x, *states)
-                    for row, got, want, true in zip(rows, got_all, ref, truth):
-                        if not row.ok and not row.note.startswith("shape"):
-                            judge_against_float64(row, max_abs_diff(got, _np(true)),
-                                                  max_abs_diff(_np(want), _np(true)), step_tol[0])
-                report.rows += rows
+                report.rows += compare_outputs(f"step from {start_kind}", b, names, [got_y, *got_states], ref,
+                                               lambda: ref64(x, *states), step_tol)
         if rollout_steps:
             b = rollout_batch or batches[0]
             for start_kind in ("zero", "random"):
@@ -286,14 +289,8 @@ def validate_prefill(path, module, signature: StepSignature, *, batches: list[in
                 states = signature.zero_state(b) if start_kind == "zero" else signature.random_state(b, gen)
                 ref = module(x, *states)
                 got = session.run(names, dict(zip(signature.input_names, [_np(x), *map(_np, states)])))
-                rows = [Row(f"prefill T={seq_len} from {start_kind}", b, name, tuple(g.shape), *compare(g, _np(w), *tol))
-                        for name, g, w in zip(names, got, ref)]
-                if not all(r.ok for r in rows):
-                    truth = ref64(x, *states)
-                    for row, g, w, t in zip(rows, got, ref, truth):
-                        if not row.ok and not row.note.startswith("shape"):
-                            judge_against_float64(row, max_abs_diff(g, _np(t)), max_abs_diff(_np(w), _np(t)), tol[0])
-                report.rows += rows
+                report.rows += compare_outputs(f"prefill T={seq_len} from {start_kind}", b, names, got, ref,
+                                               lambda: ref64(x, *states), tol)
     report.seconds = time.perf_counter() - start
     return report
 
