@@ -35,17 +35,9 @@ def repo_recipes() -> list[str]:
 # -- running the CLI -------------------------------------------------------------------------------
 
 @pytest.fixture
-def run(capsys, monkeypatch):
-    """``run(*argv) -> (exit code, stdout, stderr)``, in-process through ``cli.main``."""
-    monkeypatch.setattr(cli.console, "width", 200)  # tables: no wrapping of names
-
-    def _run(*argv):
-        capsys.readouterr()
-        code = cli.main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return code, ANSI.sub("", out), ANSI.sub("", err)
-
-    return _run
+def run(run_cli):
+    """``run(*argv) -> (exit code, stdout, stderr)``, in-process (the shared fixture in conftest.py)."""
+    return run_cli
 
 
 def run_process(*argv, columns: int = 200, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:

@@ -29,7 +29,6 @@ import pytest
 import torch
 
 import xlstm_zoo
-from xlstm_zoo import cli
 from xlstm_zoo.cells.base import Cell
 from xlstm_zoo.checkpoint import save_checkpoint
 from xlstm_zoo.config import BuildContext, ZooConfig, build
@@ -43,7 +42,6 @@ from xlstm_zoo.registry import component, registry
 
 DIM = 32
 BATCH = (1, 3, 5)          # traced at 3; validated at 1, 3 and 5
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 # One small LM per shipped cell; together they use every block kind: with a conv state (pre_up,
 # post_up with conv_kernel 4) and without (mlstm_7b, residual, plain, post_up with conv_kernel 0).
@@ -335,12 +333,12 @@ def test_trtexec_command_names_every_input_with_three_shapes():
 
 
 @pytest.mark.gpu
-def test_tensorrt_builds_and_matches_pytorch(tmp_path, xcli):
+def test_tensorrt_builds_and_matches_pytorch(tmp_path, run_cli):
     """Both TensorRT paths, checked over a rollout against PyTorch; runs only where TensorRT and a GPU exist."""
     reason = trt_export.unavailable_reason("torch_tensorrt")
     if reason:
         pytest.skip(f"TensorRT path not runnable here: {reason}")
-    code, out, err = xcli("export", "xlstm_1_1", "--set", "stack.num_blocks=2", "--set", f"dim={DIM}",
+    code, out, err = run_cli("export", "xlstm_1_1", "--set", "stack.num_blocks=2", "--set", f"dim={DIM}",
                           "--format", "tensorrt", "--out", tmp_path, "--batch", "1,3,5", "--rollout", "100")
     assert code == 0, out + err
     assert "torch-tensorrt: pass" in out and "TensorRT (ONNX parser): pass" in out
@@ -349,17 +347,7 @@ def test_tensorrt_builds_and_matches_pytorch(tmp_path, xcli):
 
 # -- the command line -----------------------------------------------------------------------------------
 
-@pytest.fixture
-def xcli(capsys):
-    def _run(*argv):
-        capsys.readouterr()
-        code = cli.main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return code, ANSI.sub("", out), ANSI.sub("", err)
-    return _run
-
-
-def test_cli_onnx_from_a_checkpoint_end_to_end(tmp_path, xcli):
+def test_cli_onnx_from_a_checkpoint_end_to_end(tmp_path, run_cli):
     recipe = load_recipe("xlstm_1_1", ["stack.num_blocks=2", f"dim={DIM}"])
     torch.manual_seed(1)
     model = build_recipe(recipe)
@@ -368,7 +356,7 @@ def test_cli_onnx_from_a_checkpoint_end_to_end(tmp_path, xcli):
             p.add_(0.01 * torch.randn_like(p))  # weights no fresh build has: the export must carry them
     save_checkpoint(tmp_path / "model.pt", recipe, model)
     out_dir = tmp_path / "onnx"
-    code, out, err = xcli("export", tmp_path / "model.pt", "--format", "onnx", "--out", out_dir,
+    code, out, err = run_cli("export", tmp_path / "model.pt", "--format", "onnx", "--out", out_dir,
                           "--batch", "1,2,4", "--rollout", "300", "--threads", "1")
     assert code == 0, out + err
     for text in ("versions: torch 2", "onnx 1.", "onnxruntime 1.", "opset 18", "step.onnx: ", "KiB",
@@ -388,11 +376,11 @@ def test_cli_onnx_from_a_checkpoint_end_to_end(tmp_path, xcli):
     np.testing.assert_allclose(y, y_ref.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_cli_tensorrt_without_tensorrt_writes_onnx_and_prints_trtexec(tmp_path, xcli):
+def test_cli_tensorrt_without_tensorrt_writes_onnx_and_prints_trtexec(tmp_path, run_cli):
     reason = trt_export.unavailable_reason("torch_tensorrt")
     if reason is None:
         pytest.skip("TensorRT and a GPU are present: test_tensorrt_builds_and_matches_pytorch covers this machine")
-    code, out, err = xcli("export", "xlstm_1_1", "--set", "stack.num_blocks=2", "--set", f"dim={DIM}",
+    code, out, err = run_cli("export", "xlstm_1_1", "--set", "stack.num_blocks=2", "--set", f"dim={DIM}",
                           "--format", "tensorrt", "--out", tmp_path, "--batch", "1,2,4", "--rollout", "100",
                           "--threads", "1")
     assert code == 0, out + err
@@ -489,14 +477,14 @@ def assert_one_line_error(code, out, err, *needles):
         assert needle in lines[0], (needle, lines[0])
 
 
-def test_cell_without_step_is_named(plugin_cells, tmp_path, xcli):
+def test_cell_without_step_is_named(plugin_cells, tmp_path, run_cli):
     model = build_recipe(load_recipe(_plugin_lm("nostep")))
     with pytest.raises(ExportError, match=r"cell 'nostep' at stack\.blocks\.1\.cell \(NoStepCell\) has no step\(\)"):
         export_step(model, tmp_path)
     with pytest.raises(ExportError, match=r"cell 'nostep' \(the exported module\)"):
         export_step(model.stack.blocks[1].cell, tmp_path)
     (tmp_path / "plugin.yaml").write_text(json.dumps(_plugin_lm("nostep")))
-    assert_one_line_error(*xcli("export", tmp_path / "plugin.yaml", "--out", tmp_path / "o"), "nostep", "has no step()")
+    assert_one_line_error(*run_cli("export", tmp_path / "plugin.yaml", "--out", tmp_path / "o"), "nostep", "has no step()")
 
 
 def test_state_returned_unchanged_is_rejected(plugin_cells, tmp_path):
@@ -513,31 +501,31 @@ def test_data_dependent_branch_names_the_component_and_line(plugin_cells, tmp_pa
     assert not (tmp_path / "step.onnx").exists()
 
 
-def test_checkpoint_that_does_not_match_its_recipe(tmp_path, xcli):
+def test_checkpoint_that_does_not_match_its_recipe(tmp_path, run_cli):
     recipe = load_recipe("xlstm_1_1", ["stack.num_blocks=2", f"dim={DIM}"])
     save_checkpoint(tmp_path / "model.pt", recipe, build_recipe(recipe))
     payload = torch.load(tmp_path / "model.pt", weights_only=False)
     payload["recipe"]["model"]["dim"] = 64
     torch.save(payload, tmp_path / "bad.pt")
-    assert_one_line_error(*xcli("export", tmp_path / "bad.pt", "--out", tmp_path / "o"), "bad.pt",
+    assert_one_line_error(*run_cli("export", tmp_path / "bad.pt", "--out", tmp_path / "o"), "bad.pt",
                           "weights do not match")
-    assert_one_line_error(*xcli("export", tmp_path / "model.pt", "--set", "dim=64", "--out", tmp_path / "o"),
+    assert_one_line_error(*run_cli("export", tmp_path / "model.pt", "--set", "dim=64", "--out", tmp_path / "o"),
                           "--set changes a recipe")
     assert not (tmp_path / "o" / "step.onnx").exists()
 
 
-def test_usage_errors_are_one_line(tmp_path, xcli):
+def test_usage_errors_are_one_line(tmp_path, run_cli):
     base = ("export", "xlstm_1_1", "--set", "stack.num_blocks=2", "--set", f"dim={DIM}")
-    assert_one_line_error(*xcli(*base, "--format", "pytorch", "--out", tmp_path),
+    assert_one_line_error(*run_cli(*base, "--format", "pytorch", "--out", tmp_path),
                           "unknown export format 'pytorch'", "onnx, tensorrt")
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    assert_one_line_error(*xcli(*base, "--out", blocker / "sub"), "is not writable", str(blocker / "sub"))
-    assert_one_line_error(*xcli(*base, "--out", tmp_path, "--batch", "8,2,1"), "MIN <= OPT <= MAX")
-    assert_one_line_error(*xcli(*base, "--out", tmp_path, "--batch", "a,b"), "three integers")
-    assert_one_line_error(*xcli(*base, "--out", tmp_path, "--opset", "13"), "opset 13 is too old")
-    assert_one_line_error(*xcli(*base, "--out", tmp_path, "--dtype", "int8"), "unknown dtype 'int8'")
-    assert_one_line_error(*xcli("export", "no_such_recipe", "--out", tmp_path), "no_such_recipe")
+    assert_one_line_error(*run_cli(*base, "--out", blocker / "sub"), "is not writable", str(blocker / "sub"))
+    assert_one_line_error(*run_cli(*base, "--out", tmp_path, "--batch", "8,2,1"), "MIN <= OPT <= MAX")
+    assert_one_line_error(*run_cli(*base, "--out", tmp_path, "--batch", "a,b"), "three integers")
+    assert_one_line_error(*run_cli(*base, "--out", tmp_path, "--opset", "13"), "opset 13 is too old")
+    assert_one_line_error(*run_cli(*base, "--out", tmp_path, "--dtype", "int8"), "unknown dtype 'int8'")
+    assert_one_line_error(*run_cli("export", "no_such_recipe", "--out", tmp_path), "no_such_recipe")
     assert not list(tmp_path.glob("*.onnx"))
 
 
