@@ -1,19 +1,12 @@
 """Reference classic-LSTM op: step/sequence agreement, state carrying, torch.nn.LSTM parity, gradients, dtypes."""
 
-import math
 
 import pytest
 import torch
+from gate_inputs import make_inputs
 
 from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step
 from xlstm_zoo.backends.states import LSTMState
-
-
-def make_inputs(B, H, T, Dh, *, dtype=torch.float32, seed=0, scale=1.5):
-    g = torch.Generator().manual_seed(seed)
-    wx = (torch.randn(B, H, T, 4 * Dh, generator=g, dtype=torch.float64) * scale).to(dtype)
-    R = (torch.randn(H, Dh, 4 * Dh, generator=g, dtype=torch.float64) / math.sqrt(Dh)).to(dtype)
-    return wx, R
 
 
 def random_state(B, H, Dh, *, dtype=torch.float32, seed=1):

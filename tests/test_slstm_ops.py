@@ -1,11 +1,11 @@
 """Reference sLSTM op: step/sequence agreement, state carrying, gradients, stabiliser, extremes, dtypes."""
 
 import itertools
-import math
 import time
 
 import pytest
 import torch
+from gate_inputs import make_inputs
 
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.reference.slstm import slstm_sequence, slstm_step
@@ -13,13 +13,6 @@ from xlstm_zoo.backends.states import SLSTMState
 
 ALL_GATES = [GateSchemes(input=i, forget=f) for i, f in itertools.product(("exponential", "sigmoid"), repeat=2)]
 GATE_IDS = [f"i={g.input[:3]},f={g.forget[:3]}" for g in ALL_GATES]
-
-
-def make_inputs(B, H, T, Dh, *, dtype=torch.float32, seed=0, scale=1.5):
-    g = torch.Generator().manual_seed(seed)
-    wx = (torch.randn(B, H, T, 4 * Dh, generator=g, dtype=torch.float64) * scale).to(dtype)
-    R = (torch.randn(H, Dh, 4 * Dh, generator=g, dtype=torch.float64) / math.sqrt(Dh)).to(dtype)
-    return wx, R
 
 
 def random_state(B, H, Dh, *, dtype=torch.float32, seed=1):
