@@ -19,6 +19,16 @@ def _reference_backend(config: ReferenceBackendConfig):
     return reference_backend()
 
 
+class TritonBackendConfig(ZooConfig):
+    type: Literal["triton"] = "triton"
+
+
+def _triton_backend(config: TritonBackendConfig):
+    from xlstm_zoo.backends.triton import triton_backend
+
+    return triton_backend()
+
+
 @hookimpl
 def register_components(register):
     from xlstm_zoo import gates, norms, stacks
@@ -33,3 +43,5 @@ def register_components(register):
             register(builder)
     register(kind="backend", name="reference", config=ReferenceBackendConfig, builder=_reference_backend,
              description="pure PyTorch: differentiable, any device, the ground truth for every other backend")
+    register(kind="backend", name="triton", config=TritonBackendConfig, builder=_triton_backend,
+             description="Triton kernels on CUDA GPUs: mLSTM chunkwise and step, sLSTM forward and backward")
