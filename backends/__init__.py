@@ -36,7 +36,7 @@ def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, ga
     """
     if form not in MLSTM_FORMS:
         raise ValueError(f"unknown mLSTM form {form!r}; allowed: {', '.join(MLSTM_FORMS)}")
-    impl = select("mlstm_sequence", q.device, q.dtype, force=backend, form=form)
+    impl = select("mlstm_sequence", q.device, q.dtype, force=backend, form=form, chunk_size=chunk_size)
     return impl.ops["mlstm_sequence"](q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps,
                                       form=form, chunk_size=chunk_size)
 

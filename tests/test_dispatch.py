@@ -77,7 +77,8 @@ def test_highest_priority_supporting_backend_wins(fake_backends):
 
 def test_unavailable_backend_is_skipped_and_explained(fake_backends):
     rows = {name: status for name, _, status in explain("mlstm_step", torch.device("cpu"), torch.float32)}
-    assert rows == {"fake_broken": "triton is not installed", "fake_fast": "ok", "reference": "ok"}
+    fakes = {name: status for name, status in rows.items() if name.startswith("fake") or name == "reference"}
+    assert fakes == {"fake_broken": "triton is not installed", "fake_fast": "ok", "reference": "ok"}
 
 
 def test_forcing(fake_backends, monkeypatch):

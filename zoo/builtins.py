@@ -29,6 +29,16 @@ def _triton_backend(config: TritonBackendConfig):
     return triton_backend()
 
 
+class CudaBackendConfig(ZooConfig):
+    type: Literal["cuda"] = "cuda"
+
+
+def _cuda_backend(config: CudaBackendConfig):
+    from xlstm_zoo.backends.cuda import cuda_backend
+
+    return cuda_backend()
+
+
 @hookimpl
 def register_components(register):
     from xlstm_zoo import gates, norms, stacks
@@ -45,3 +55,5 @@ def register_components(register):
              description="pure PyTorch: differentiable, any device, the ground truth for every other backend")
     register(kind="backend", name="triton", config=TritonBackendConfig, builder=_triton_backend,
              description="Triton kernels on CUDA GPUs: mLSTM chunkwise and step, sLSTM forward and backward")
+    register(kind="backend", name="cuda", config=CudaBackendConfig, builder=_cuda_backend,
+             description="CUDA sLSTM kernel compiled just in time with nvcc (falls back if the build fails)")

@@ -16,6 +16,7 @@ import torch
 from xlstm_zoo.backends.dispatch import Backend
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KERNEL_CHUNK_SIZES = (16, 32, 64, 128)  # tl.dot tiles: powers of two, at least 16
 
 
 @lru_cache(maxsize=None)
@@ -60,7 +61,9 @@ class TritonBackend(Backend):
         if op not in self.ops or device.type != "cuda" or dtype not in KERNEL_DTYPES:
             return False
         # Only the chunkwise form has a kernel; the recurrent and parallel forms stay on the reference.
-        return op != "mlstm_sequence" or options.get("form", "chunkwise") == "chunkwise"
+        if op == "mlstm_sequence":
+            return options.get("form", "chunkwise") == "chunkwise" and options.get("chunk_size", 64) in KERNEL_CHUNK_SIZES
+        return True
 
 
 def triton_backend() -> Backend:
