@@ -92,7 +92,7 @@ def test_forcing(fake_backends, monkeypatch):
         select("mlstm_step", cpu, torch.float32, force="fake_broken")
     with pytest.raises(BackendError, match="'fake_fast' was forced but does not support mlstm_sequence"):
         select("mlstm_sequence", cpu, torch.float32, force="fake_fast")
-    with pytest.raises(BackendError, match="backend 'nope' is not registered.*registered backends: cuda, fake_broken, fake_fast, reference, triton"):
+    with pytest.raises(BackendError, match="backend 'nope' is not registered.*registered backends: cuda, fake_broken, fake_fast, fused, reference, triton"):
         select("mlstm_step", cpu, torch.float32, force="nope")
 
 

@@ -19,6 +19,16 @@ def _reference_backend(config: ReferenceBackendConfig):
     return reference_backend()
 
 
+class FusedBackendConfig(ZooConfig):
+    type: Literal["fused"] = "fused"
+
+
+def _fused_backend(config: FusedBackendConfig):
+    from xlstm_zoo.backends.fused import fused_backend
+
+    return fused_backend()
+
+
 class TritonBackendConfig(ZooConfig):
     type: Literal["triton"] = "triton"
 
@@ -53,6 +63,8 @@ def register_components(register):
             register(builder)
     register(kind="backend", name="reference", config=ReferenceBackendConfig, builder=_reference_backend,
              description="pure PyTorch: differentiable, any device, the ground truth for every other backend")
+    register(kind="backend", name="fused", config=FusedBackendConfig, builder=_fused_backend,
+             description="pure PyTorch sLSTM/LSTM loops with hand-written backward passes: any device, fast on CPU")
     register(kind="backend", name="triton", config=TritonBackendConfig, builder=_triton_backend,
              description="Triton kernels on CUDA GPUs: mLSTM chunkwise and step, sLSTM forward and backward")
     register(kind="backend", name="cuda", config=CudaBackendConfig, builder=_cuda_backend,

@@ -1,0 +1,79 @@
+"""Fused classic LSTM sequence: a no-autograd forward loop and a hand-written backward loop.
+
+Same maths, layout, zero state and dtypes as :mod:`xlstm_zoo.backends.reference.lstm`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim, recurrent_weight_grad,
+                                                 state_in, state_out, to_time_major)
+from xlstm_zoo.backends.states import LSTMState
+
+__all__ = ["lstm_sequence"]
+
+
+class _LSTMFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, wx, R, c0, h0):
+        G = to_time_major(wx, wx.dtype)                       # becomes the full pre-activations in place
+        T, H, B, four_dh = G.shape
+        Dh = four_dh // 4
+        Cs, Hs = (torch.empty(T + 1, H, B, Dh, dtype=wx.dtype, device=wx.device) for _ in range(2))
+        Cs[0], Hs[0] = state_in(c0), state_in(h0)
+        # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
+        g_t, gz_t, c_t, h_t = G.unbind(0), G[..., 2 * Dh:3 * Dh].unbind(0), Cs.unbind(0), Hs.unbind(0)
+        for t in range(T):
+            g = torch.baddbmm(g_t[t], h_t[t], R, out=g_t[t])
+            i, f, _, o = torch.sigmoid(g).split(Dh, dim=-1)
+            c = torch.addcmul(f * c_t[t], i, torch.tanh(gz_t[t]), out=c_t[t + 1])
+            torch.tanh(c, out=h_t[t + 1]).mul_(o)
+        ctx.save_for_backward(G, R, Cs, Hs)
+        return from_time_major(Hs[1:]).contiguous(), state_out(Cs[T]), state_out(Hs[T])
+
+    @staticmethod
+    def backward(ctx, dh_all, dc_T, dh_T):
+        G, R, Cs, Hs = ctx.saved_tensors
+        T, H, B, four_dh = G.shape
+        Dh = four_dh // 4
+        # Every pointwise factor, for all tokens at once (no recurrence in these).
+        i, f, _, o = torch.sigmoid(G).split(Dh, dim=-1)
+        z = torch.tanh(G[..., 2 * Dh:3 * Dh])
+        tc = torch.tanh(Cs[1:])
+        dh_to_c = o * (1 - tc * tc)
+        dh_to_go = tc * o * (1 - o)
+        # dc -> d(i, f, z pre-activations), stacked so one multiply per token fills all three.
+        dc_to_gifz = torch.stack([z * i * (1 - i), Cs[:-1] * f * (1 - f), i * (1 - z * z)], dim=-2)
+
+        dH = to_time_major(dh_all, G.dtype) if dh_all is not None else torch.zeros(T, H, B, Dh, dtype=G.dtype, device=G.device)
+        zeros = torch.zeros(H, B, Dh, dtype=G.dtype, device=G.device)
+        dc = state_in(dc_T) if dc_T is not None else zeros
+        dh_rec = state_in(dh_T) if dh_T is not None else zeros
+        dG = torch.empty_like(G)
+        Rt = R.transpose(1, 2).contiguous()
+        # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
+        dg_t, dgifz_t, dgo_t = dG.unbind(0), dG[..., :3 * Dh].unflatten(-1, (3, Dh)).unbind(0), dG[..., 3 * Dh:].unbind(0)
+        per_token = [x.unbind(0) for x in (dH, dh_to_c, dc_to_gifz, dh_to_go, f)]
+        for t in range(T - 1, -1, -1):
+            dH_, to_c, to_gifz, to_go, f_ = (x[t] for x in per_token)
+            dh = dH_ + dh_rec
+            dct = torch.addcmul(dc, dh, to_c)
+            torch.mul(dct.unsqueeze(-2), to_gifz, out=dgifz_t[t])
+            torch.mul(dh, to_go, out=dgo_t[t])
+            dc = dct * f_
+            dh_rec = torch.bmm(dg_t[t], Rt)
+        return from_time_major(dG), recurrent_weight_grad(Hs[:-1], dG), state_out(dc), state_out(dh_rec)
+
+
+def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
+    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
+    dh, dtype = head_dim(wx, R, "LSTM"), compute_dtype(wx)
+    B, H, T = wx.shape[:3]
+    if state is None:
+        state = LSTMState.zeros(B, H, dh, device=wx.device, dtype=dtype)
+    c0, h0 = (s.to(dtype) for s in state)
+    if T == 0:
+        return wx.new_empty(B, H, 0, dh), LSTMState(c0, h0)
+    h, c, h_last = _LSTMFunction.apply(wx.to(dtype), R.to(dtype), c0, h0)
+    return h.to(wx.dtype), LSTMState(c, h_last)

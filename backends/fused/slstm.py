@@ -1,0 +1,125 @@
+"""Fused sLSTM sequence: a no-autograd forward loop and a hand-written backward loop.
+
+Same maths, layout, zero state (``m = -inf``) and dtypes as :mod:`xlstm_zoo.backends.reference.slstm`.
+The backward is the exact derivative of the stabilised forward, the stabiliser ``m`` included
+(``torch.maximum``'s convention on ties: half the gradient to each side), so it agrees with
+autograd through the reference and passes float64 gradcheck with ``m`` as an output.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim, recurrent_weight_grad,
+                                                 state_in, state_out, to_time_major)
+from xlstm_zoo.backends.gating import GateSchemes
+from xlstm_zoo.backends.states import SLSTMState
+
+__all__ = ["slstm_sequence"]
+
+
+def _log_gate(pre: torch.Tensor, exponential: bool):
+    """(log gate, d log gate / d pre-activation); logsigmoid is exact for very negative inputs."""
+    if exponential:
+        return pre, None
+    return F.logsigmoid(pre), torch.sigmoid(-pre)
+
+
+class _SLSTMFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
+        G = to_time_major(wx, wx.dtype)                       # becomes the full pre-activations in place
+        T, H, B, four_dh = G.shape
+        Dh = four_dh // 4
+        new = dict(dtype=wx.dtype, device=wx.device)
+        Cs, Ns, Ms, Hs = (torch.empty(T + 1, H, B, Dh, **new) for _ in range(4))
+        for buf, s in ((Cs, c0), (Ns, n0), (Ms, m0), (Hs, h0)):
+            buf[0] = state_in(s)
+        # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
+        g_t, gi_t, gf_t, gz_t, go_t = G.unbind(0), *(x.unbind(0) for x in G.split(Dh, dim=-1))
+        c_t, n_t, m_t, h_t = Cs.unbind(0), Ns.unbind(0), Ms.unbind(0), Hs.unbind(0)
+        for t in range(T):
+            torch.baddbmm(g_t[t], h_t[t], R, out=g_t[t])
+            log_i = gi_t[t] if input_exp else F.logsigmoid(gi_t[t])
+            a = (gf_t[t] if forget_exp else F.logsigmoid(gf_t[t])) + m_t[t]     # log f + m_prev, one tensor
+            m = torch.maximum(a, log_i, out=m_t[t + 1])
+            f_s = a.sub_(m).exp_()
+            i_s = torch.sub(log_i, m).exp_()
+            c = torch.addcmul(f_s * c_t[t], i_s, torch.tanh(gz_t[t]), out=c_t[t + 1])
+            n = torch.addcmul(i_s, f_s, n_t[t], out=n_t[t + 1])
+            torch.div(c, n, out=h_t[t + 1]).mul_(torch.sigmoid(go_t[t]))
+        ctx.save_for_backward(G, R, Cs, Ns, Ms, Hs)
+        ctx.gate_exp = (input_exp, forget_exp)
+        h = from_time_major(Hs[1:]).contiguous()
+        return h, state_out(Cs[T]), state_out(Ns[T]), state_out(Ms[T]), state_out(Hs[T])
+
+    @staticmethod
+    def backward(ctx, dh_all, dc_T, dn_T, dm_T, dh_T):
+        G, R, Cs, Ns, Ms, Hs = ctx.saved_tensors
+        input_exp, forget_exp = ctx.gate_exp
+        T, H, B, four_dh = G.shape
+        Dh = four_dh // 4
+        # Every pointwise factor, for all tokens at once (no recurrence in these).
+        gi, gf, gz, go = G.split(Dh, dim=-1)
+        log_i, dlog_i = _log_gate(gi, input_exp)
+        log_f, dlog_f = _log_gate(gf, forget_exp)
+        a = log_f + Ms[:-1]
+        m = Ms[1:]
+        f_s, i_s = torch.exp(a - m), torch.exp(log_i - m)
+        z, o = torch.tanh(gz), torch.sigmoid(go)
+        c, n = Cs[1:], Ns[1:]
+        ratio = c / n
+        dh_to_c = o / n                                  # dh -> dc
+        dh_to_n = o * ratio / n                          # dh -> -dn
+        dh_to_go = ratio * o * (1 - o)                   # dh -> d(o pre-activation)
+        dc_to_gz = i_s * (1 - z * z)                     # dc -> d(z pre-activation)
+        to_a = torch.where(a > log_i, 1.0, torch.where(a == log_i, 0.5, 0.0)).to(a.dtype)
+        to_i = 1 - to_a
+        c_prev, n_prev = Cs[:-1], Ns[:-1]
+
+        dH = to_time_major(dh_all, G.dtype) if dh_all is not None else torch.zeros(T, H, B, Dh, dtype=G.dtype, device=G.device)
+        zeros = torch.zeros(H, B, Dh, dtype=G.dtype, device=G.device)
+        dc = state_in(dc_T) if dc_T is not None else zeros
+        dn = state_in(dn_T) if dn_T is not None else zeros
+        dm = state_in(dm_T) if dm_T is not None else zeros
+        dh_rec = state_in(dh_T) if dh_T is not None else zeros
+        dG = torch.empty_like(G)
+        Rt = R.transpose(1, 2).contiguous()
+        # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
+        dg_t, dgi_t, dgf_t, dgz_t, dgo_t = dG.unbind(0), *(x.unbind(0) for x in dG.split(Dh, dim=-1))
+        per_token = [x.unbind(0) if x is not None else [None] * T for x in
+                     (dH, dh_to_c, dh_to_n, c_prev, n_prev, f_s, z, i_s, to_a, to_i, dlog_i, dlog_f, dc_to_gz, dh_to_go)]
+        for t in range(T - 1, -1, -1):
+            dH_, to_c, to_n, c_p, n_p, f_s_, z_, i_s_, to_a_, to_i_, dlog_i_, dlog_f_, to_gz, to_go = (x[t] for x in per_token)
+            dh = dH_ + dh_rec
+            dct = torch.addcmul(dc, dh, to_c)
+            dnt = torch.addcmul(dn, dh, to_n, value=-1)
+            dfs = torch.addcmul(dct * c_p, dnt, n_p).mul_(f_s_)                  # d(f') * f'
+            dis = torch.addcmul(dnt, dct, z_).mul_(i_s_)                          # d(i') * i'
+            dm_total = (dm - dfs).sub_(dis)                                       # m's own gradient
+            da = torch.addcmul(dfs, dm_total, to_a_)
+            dli = torch.addcmul(dis, dm_total, to_i_)
+            dgi_t[t].copy_(dli) if dlog_i_ is None else torch.mul(dli, dlog_i_, out=dgi_t[t])
+            dgf_t[t].copy_(da) if dlog_f_ is None else torch.mul(da, dlog_f_, out=dgf_t[t])
+            torch.mul(dct, to_gz, out=dgz_t[t])
+            torch.mul(dh, to_go, out=dgo_t[t])
+            dc, dn, dm = dct * f_s_, dnt * f_s_, da
+            dh_rec = torch.bmm(dg_t[t], Rt)
+        dR = recurrent_weight_grad(Hs[:-1], dG)
+        return (from_time_major(dG), dR, state_out(dc), state_out(dn), state_out(dm), state_out(dh_rec), None, None)
+
+
+def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = None, *,
+                   gates: GateSchemes) -> tuple[torch.Tensor, SLSTMState]:
+    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
+    dh, dtype = head_dim(wx, R, "sLSTM"), compute_dtype(wx)
+    B, H, T = wx.shape[:3]
+    if state is None:
+        state = SLSTMState.zeros(B, H, dh, device=wx.device, dtype=dtype)
+    c0, n0, m0, h0 = (s.to(dtype) for s in state)
+    if T == 0:
+        return wx.new_empty(B, H, 0, dh), SLSTMState(c0, n0, m0, h0)
+    h, c, n, m, h_last = _SLSTMFunction.apply(wx.to(dtype), R.to(dtype), c0, n0, m0, h0,
+                                              gates.input == "exponential", gates.forget == "exponential")
+    return h.to(wx.dtype), SLSTMState(c, n, m, h_last)

@@ -1,0 +1,42 @@
+"""Layout shared by the fused sLSTM and LSTM loops.
+
+Inside a loop every tensor is time-major ``[T, H, B, ...]``: ``x[t]`` is then one contiguous
+``[H, B, ...]`` block, and the recurrent matmul of all heads is a single ``baddbmm`` per token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xlstm_zoo.backends.reference.scalar_recurrence import compute_dtype, head_dim
+
+
+def to_time_major(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, H, T, D] -> [T, H, B, D]`` contiguous, in ``dtype``."""
+    return x.to(dtype).permute(2, 1, 0, 3).contiguous()
+
+
+def from_time_major(x: torch.Tensor) -> torch.Tensor:
+    """``[T, H, B, D] -> [B, H, T, D]`` (a view)."""
+    return x.permute(2, 1, 0, 3)
+
+
+def state_in(s: torch.Tensor) -> torch.Tensor:
+    """A state tensor ``[B, H, Dh] -> [H, B, Dh]``."""
+    return s.transpose(0, 1)
+
+
+def state_out(s: torch.Tensor) -> torch.Tensor:
+    """``[H, B, Dh] -> [B, H, Dh]`` contiguous (a fresh tensor the caller owns)."""
+    return s.transpose(0, 1).contiguous()
+
+
+def recurrent_weight_grad(h_prev: torch.Tensor, dg: torch.Tensor) -> torch.Tensor:
+    """``dR[h] = sum over t, b of h_prev[t,h,b]^T dg[t,h,b]``: one batched matmul over heads."""
+    T, H, B, Dh = h_prev.shape
+    hp = h_prev.permute(1, 3, 0, 2).reshape(H, Dh, T * B)
+    return torch.bmm(hp, dg.transpose(0, 1).reshape(H, T * B, -1))
+
+
+__all__ = ["compute_dtype", "head_dim", "to_time_major", "from_time_major", "state_in", "state_out",
+           "recurrent_weight_grad"]
