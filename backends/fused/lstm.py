@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim, recurrent_weight_grad,
-                                                 state_in, state_out, to_time_major)
+from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim, preactivations,
+                                                 recurrent_weight_grad, state_in, state_out, to_time_major)
 from xlstm_zoo.backends.states import LSTMState
 
 __all__ = ["lstm_sequence"]
@@ -17,25 +17,27 @@ __all__ = ["lstm_sequence"]
 class _LSTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, wx, R, c0, h0):
-        G = to_time_major(wx, wx.dtype)                       # becomes the full pre-activations in place
-        T, H, B, four_dh = G.shape
+        W = to_time_major(wx, wx.dtype)
+        T, H, B, four_dh = W.shape
         Dh = four_dh // 4
         Cs, Hs = (torch.empty(T + 1, H, B, Dh, dtype=wx.dtype, device=wx.device) for _ in range(2))
         Cs[0], Hs[0] = state_in(c0), state_in(h0)
         # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
-        g_t, gz_t, c_t, h_t = G.unbind(0), G[..., 2 * Dh:3 * Dh].unbind(0), Cs.unbind(0), Hs.unbind(0)
+        w_t, c_t, h_t = W.unbind(0), Cs.unbind(0), Hs.unbind(0)
         for t in range(T):
-            g = torch.baddbmm(g_t[t], h_t[t], R, out=g_t[t])
+            g = torch.baddbmm(w_t[t], h_t[t], R)
             i, f, _, o = torch.sigmoid(g).split(Dh, dim=-1)
-            c = torch.addcmul(f * c_t[t], i, torch.tanh(gz_t[t]), out=c_t[t + 1])
+            c = torch.addcmul(f * c_t[t], i, torch.tanh(g[..., 2 * Dh:3 * Dh]), out=c_t[t + 1])
             torch.tanh(c, out=h_t[t + 1]).mul_(o)
-        ctx.save_for_backward(G, R, Cs, Hs)
+        # Only W x and the states are kept: the pre-activations are one batched matmul away.
+        ctx.save_for_backward(W, R, Cs, Hs)
         return from_time_major(Hs[1:]).contiguous(), state_out(Cs[T]), state_out(Hs[T])
 
     @staticmethod
     def backward(ctx, dh_all, dc_T, dh_T):
-        G, R, Cs, Hs = ctx.saved_tensors
-        T, H, B, four_dh = G.shape
+        W, R, Cs, Hs = ctx.saved_tensors
+        T, H, B, four_dh = W.shape
+        G = preactivations(W, Hs[:-1], R)
         Dh = four_dh // 4
         # Every pointwise factor, for all tokens at once (no recurrence in these).
         i, f, _, o = torch.sigmoid(G).split(Dh, dim=-1)

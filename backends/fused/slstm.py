@@ -11,54 +11,61 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim, recurrent_weight_grad,
-                                                 state_in, state_out, to_time_major)
+from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim, preactivations,
+                                                 recurrent_weight_grad, state_in, state_out, to_time_major)
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.states import SLSTMState
 
 __all__ = ["slstm_sequence"]
 
 
+def _logsigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``log sigmoid(x)`` in one op: softplus with beta = -1 (linear below x = -20, within 2e-9 there;
+    ``F.logsigmoid`` also allocates a buffer for its backward, which this loop doesn't need)."""
+    return F.softplus(x, beta=-1.0)
+
+
 def _log_gate(pre: torch.Tensor, exponential: bool):
-    """(log gate, d log gate / d pre-activation); logsigmoid is exact for very negative inputs."""
+    """(log gate, d log gate / d pre-activation)."""
     if exponential:
         return pre, None
-    return F.logsigmoid(pre), torch.sigmoid(-pre)
+    return _logsigmoid(pre), torch.sigmoid(-pre)
 
 
 class _SLSTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
-        G = to_time_major(wx, wx.dtype)                       # becomes the full pre-activations in place
-        T, H, B, four_dh = G.shape
+        W = to_time_major(wx, wx.dtype)
+        T, H, B, four_dh = W.shape
         Dh = four_dh // 4
         new = dict(dtype=wx.dtype, device=wx.device)
         Cs, Ns, Ms, Hs = (torch.empty(T + 1, H, B, Dh, **new) for _ in range(4))
         for buf, s in ((Cs, c0), (Ns, n0), (Ms, m0), (Hs, h0)):
             buf[0] = state_in(s)
         # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
-        g_t, gi_t, gf_t, gz_t, go_t = G.unbind(0), *(x.unbind(0) for x in G.split(Dh, dim=-1))
-        c_t, n_t, m_t, h_t = Cs.unbind(0), Ns.unbind(0), Ms.unbind(0), Hs.unbind(0)
+        w_t, c_t, n_t, m_t, h_t = W.unbind(0), Cs.unbind(0), Ns.unbind(0), Ms.unbind(0), Hs.unbind(0)
         for t in range(T):
-            torch.baddbmm(g_t[t], h_t[t], R, out=g_t[t])
-            log_i = gi_t[t] if input_exp else F.logsigmoid(gi_t[t])
-            a = (gf_t[t] if forget_exp else F.logsigmoid(gf_t[t])) + m_t[t]     # log f + m_prev, one tensor
+            gi, gf, gz, go = torch.baddbmm(w_t[t], h_t[t], R).split(Dh, dim=-1)
+            log_i = gi if input_exp else _logsigmoid(gi)
+            a = (gf if forget_exp else _logsigmoid(gf)) + m_t[t]               # log f + m_prev, one tensor
             m = torch.maximum(a, log_i, out=m_t[t + 1])
             f_s = a.sub_(m).exp_()
             i_s = torch.sub(log_i, m).exp_()
-            c = torch.addcmul(f_s * c_t[t], i_s, torch.tanh(gz_t[t]), out=c_t[t + 1])
+            c = torch.addcmul(f_s * c_t[t], i_s, torch.tanh(gz), out=c_t[t + 1])
             n = torch.addcmul(i_s, f_s, n_t[t], out=n_t[t + 1])
-            torch.div(c, n, out=h_t[t + 1]).mul_(torch.sigmoid(go_t[t]))
-        ctx.save_for_backward(G, R, Cs, Ns, Ms, Hs)
+            torch.div(c, n, out=h_t[t + 1]).mul_(torch.sigmoid(go))
+        # Only W x and the states are kept: the pre-activations are one batched matmul away.
+        ctx.save_for_backward(W, R, Cs, Ns, Ms, Hs)
         ctx.gate_exp = (input_exp, forget_exp)
         h = from_time_major(Hs[1:]).contiguous()
         return h, state_out(Cs[T]), state_out(Ns[T]), state_out(Ms[T]), state_out(Hs[T])
 
     @staticmethod
     def backward(ctx, dh_all, dc_T, dn_T, dm_T, dh_T):
-        G, R, Cs, Ns, Ms, Hs = ctx.saved_tensors
+        W, R, Cs, Ns, Ms, Hs = ctx.saved_tensors
         input_exp, forget_exp = ctx.gate_exp
-        T, H, B, four_dh = G.shape
+        T, H, B, four_dh = W.shape
+        G = preactivations(W, Hs[:-1], R)
         Dh = four_dh // 4
         # Every pointwise factor, for all tokens at once (no recurrence in these).
         gi, gf, gz, go = G.split(Dh, dim=-1)

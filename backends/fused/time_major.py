@@ -31,6 +31,14 @@ def state_out(s: torch.Tensor) -> torch.Tensor:
     return s.transpose(0, 1).contiguous()
 
 
+def preactivations(w: torch.Tensor, h_prev: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """All tokens' gate pre-activations ``W x + R h_prev`` at once (the backward recomputes them
+    instead of the forward loop storing them): ``[T, H, B, 4*Dh]``."""
+    T, H, B, Dh = h_prev.shape
+    rec = torch.bmm(h_prev.transpose(0, 1).reshape(H, T * B, Dh), R)
+    return w + rec.view(H, T, B, -1).transpose(0, 1)
+
+
 def recurrent_weight_grad(h_prev: torch.Tensor, dg: torch.Tensor) -> torch.Tensor:
     """``dR[h] = sum over t, b of h_prev[t,h,b]^T dg[t,h,b]``: one batched matmul over heads."""
     T, H, B, Dh = h_prev.shape
@@ -39,4 +47,4 @@ def recurrent_weight_grad(h_prev: torch.Tensor, dg: torch.Tensor) -> torch.Tenso
 
 
 __all__ = ["compute_dtype", "head_dim", "to_time_major", "from_time_major", "state_in", "state_out",
-           "recurrent_weight_grad"]
+           "preactivations", "recurrent_weight_grad"]

@@ -53,6 +53,9 @@ def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int):
         raise ValueError(f"mLSTM chunk_size must be >= 1, got {chunk_size}")
     T = q.shape[-2]
     L = chunk_size
+    # Heads-first views of [B, T, H*D] projections are strided; chunked matmuls would copy them
+    # several times over, so copy once here.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     full = (T // L) * L
     hs = []
     if full:
