@@ -17,9 +17,12 @@ Saved for backward: the inputs, the boundary states (linear in T), ``m_t``, ``q.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from xlstm_zoo.backends.gating import GateSchemes, log_gate
 from xlstm_zoo.backends.reference.mlstm.step import initial_state
@@ -28,6 +31,7 @@ from xlstm_zoo.backends.states import MLSTMState
 CHUNK_SIZES = (16, 32, 64, 128)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FLOOR_LOG_MAX = 80.0  # as the reference readout: floor exp(min(-m, 80))
+_FLOOR_LOG_MAX = tl.constexpr(FLOOR_LOG_MAX)  # kernels may only read constexpr globals
 
 
 @triton.jit
@@ -117,7 +121,7 @@ def _fwd_out(Q, K, V, LI, LF, C, N, M, H, MROW, QN, T, NC, DK, DV, scale, eps,
     v = tl.load(V + bh * T * DV + t[:, None] * DV + offs_v[None, :], mask=valid[:, None] & mv[None, :], other=0.0)
     num = tl.dot(sp.to(dt), v.to(dt), input_precision=PREC) + (p0 * scale)[:, None] * q_c
     qn = tl.sum(sp, 1) + p0 * scale * q_n
-    floor = tl.exp(tl.minimum(-m_row, FLOOR_LOG_MAX))
+    floor = tl.exp(tl.minimum(-m_row, _FLOOR_LOG_MAX))
     den = tl.maximum(tl.abs(qn), floor) + eps
     h = num / den[:, None]
     tl.store(H + bh * T * DV + t[:, None] * DV + offs_v[None, :], h.to(H.dtype.element_ty),
@@ -129,60 +133,89 @@ def _fwd_out(Q, K, V, LI, LF, C, N, M, H, MROW, QN, T, NC, DK, DV, scale, eps,
 
 def _pow2_block(d: int, cap: int) -> int:
     """Smallest power of two >= max(d, 16), at most ``cap`` (tl.dot needs every dim >= 16)."""
-    return min(max(16, triton.next_power_of_2(d)), max(16, cap))
+    return min(max(16, triton.next_power_of_2(d)), cap)
 
 
-def launch_config(dk: int, dv: int, chunk_size: int, block_k: int | None, block_v: int | None, dtype: torch.dtype):
-    """Tile sizes and dot precision. Tiles cap at 64 (32 for L=128) so a program's blocks fit in SRAM."""
-    cap = 32 if chunk_size == 128 else 64
+class LaunchConfig(NamedTuple):
+    """Tiles per kernel family and the dot precision.
+
+    The state kernels hold one ``[BK, BV]`` fp32 state tile; the chunk kernels also hold several
+    ``L x L`` matrices, so their tiles are smaller. Caps and warps were chosen from ptxas register
+    and spill counts of sm_90 builds (compiled without a GPU), not from timings.
+    """
+
+    state_k: int
+    state_v: int
+    chunk_k: int
+    out_v: int      # forward output kernel: Dv tile (one program per chunk and Dv tile)
+    chunk_v: int    # backward chunk kernel: Dv tile of its inner loops
+    warps_state: int
+    warps_out: int
+    warps_chunk: int
+    prec: str
+
+
+def launch_config(dk: int, dv: int, chunk_size: int, block_k: int | None, block_v: int | None,
+                  dtype: torch.dtype) -> LaunchConfig:
+    """``block_k`` / ``block_v`` (powers of two >= 16) replace every tile size, for tests."""
     for name, blk in (("block_k", block_k), ("block_v", block_v)):
         if blk is not None and (blk < 16 or blk & (blk - 1)):
             raise ValueError(f"{name} must be a power of two >= 16, got {blk}")
-    bk = block_k or _pow2_block(dk, cap)
-    bv = block_v or _pow2_block(dv, cap)
+
+    def tile(d, blk, cap):
+        return blk or _pow2_block(d, cap)
+
+    sk, sv = tile(dk, block_k, 64), tile(dv, block_v, 64)
     # fp32 inputs: exact fp32 products (tf32 would miss the 1e-4 agreement with the reference).
     prec = "ieee" if dtype == torch.float32 else "tf32"
-    return bk, bv, prec
+    return LaunchConfig(
+        state_k=sk, state_v=sv, chunk_k=tile(dk, block_k, 32), out_v=tile(dv, block_v, 64),
+        chunk_v=tile(dv, block_v, 32), warps_state=4 if sk * sv <= 1024 else 8,
+        warps_out=4 if chunk_size <= 32 else 8, warps_chunk={16: 4, 32: 8, 64: 8, 128: 16}[chunk_size], prec=prec)
 
 
-def _forward(q, k, v, log_i, log_f, C0, n0, m0, scale, eps, L, bk, bv, prec):
+def _forward(q, k, v, log_i, log_f, C0, n0, m0, scale, eps, L, cfg: LaunchConfig):
     """Flattened ``[BH, T, D]`` tensors -> h, boundary states ``(C, n, m)`` with NC+1 entries, m_t, q.n."""
     BH, T, DK = q.shape
     DV = v.shape[-1]
     NC = triton.cdiv(T, L)
     dev = q.device
-    C = torch.empty(BH, NC + 1, DK, DV, device=dev, dtype=torch.float32)
-    n = torch.empty(BH, NC + 1, DK, device=dev, dtype=torch.float32)
-    m = torch.empty(BH, NC + 1, device=dev, dtype=torch.float32)
+    nan = dict(fill_value=float("nan"), device=dev, dtype=torch.float32)  # unwritten entries show up
+    C = torch.full((BH, NC + 1, DK, DV), **nan)
+    n, m = torch.full((BH, NC + 1, DK), **nan), torch.full((BH, NC + 1), **nan)
     C[:, 0], n[:, 0], m[:, 0] = C0, n0, m0
-    nk, nv = triton.cdiv(DK, bk), triton.cdiv(DV, bv)
-    _fwd_states[(nk, nv, BH)](k, v, log_i, log_f, C, n, m, T, NC, DK, DV, L=L, BK=bk, BV=bv, PREC=prec)
+    grid = (triton.cdiv(DK, cfg.state_k), triton.cdiv(DV, cfg.state_v), BH)
+    _fwd_states[grid](k, v, log_i, log_f, C, n, m, T, NC, DK, DV,
+                      L=L, BK=cfg.state_k, BV=cfg.state_v, PREC=cfg.prec, num_warps=cfg.warps_state)
     h = torch.full((BH, T, DV), float("nan"), device=dev, dtype=v.dtype)
     m_row = torch.full((BH, T), float("nan"), device=dev, dtype=torch.float32)
     qn = torch.full((BH, T), float("nan"), device=dev, dtype=torch.float32)
-    _fwd_out[(NC, nv, BH)](q, k, v, log_i, log_f, C, n, m, h, m_row, qn, T, NC, DK, DV, scale, eps,
-                           L=L, BK=bk, BV=bv, PREC=prec, num_warps=4 if L <= 32 else 8)
+    _fwd_out[(NC, triton.cdiv(DV, cfg.out_v), BH)](q, k, v, log_i, log_f, C, n, m, h, m_row, qn, T, NC, DK, DV,
+                                                   scale, eps, L=L, BK=cfg.chunk_k, BV=cfg.out_v, PREC=cfg.prec,
+                                                   num_warps=cfg.warps_out)
     return h, C, n, m, m_row, qn
 
 
 class _MLSTMChunkwise(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, log_i, log_f, C0, n0, m0, scale, eps, L, bk, bv, prec):
+    def forward(ctx, q, k, v, log_i, log_f, C0, n0, m0, scale, eps, L, cfg):
         B, H, T, DK = q.shape
         DV = v.shape[-1]
         flat = [x.reshape(B * H, *x.shape[2:]).contiguous() for x in (q, k, v, log_i, log_f, C0, n0, m0)]
-        h, C, n, m, m_row, qn = _forward(*flat, scale, eps, L, bk, bv, prec)
+        h, C, n, m, m_row, qn = _forward(*flat, scale, eps, L, cfg)
         ctx.save_for_backward(*flat, C, n, m, m_row, qn, h)
-        ctx.config = (B, H, scale, eps, L, bk, bv, prec)
-        return (h.view(B, H, T, DV), C[:, -1].reshape(B, H, DK, DV), n[:, -1].reshape(B, H, DK),
-                m[:, -1].reshape(B, H))
+        ctx.config = (B, H, scale, eps, L, cfg)
+        # The final state is copied out so in-place edits by the caller cannot touch the saved states.
+        return (h.view(B, H, T, DV), C[:, -1].reshape(B, H, DK, DV).clone(), n[:, -1].reshape(B, H, DK).clone(),
+                m[:, -1].reshape(B, H).clone())
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dh, dC_T, dn_T, dm_T):
         from xlstm_zoo.backends.triton.mlstm_chunkwise_bwd import backward
 
         grads = backward(ctx.saved_tensors, ctx.config, dh, dC_T, dn_T, dm_T)
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None, None, None, None)
 
 
 def mlstm_chunkwise_triton(q, k, v, log_i, log_f, C0, n0, m0, *, qk_scale: float, eps: float, chunk_size: int,
@@ -194,9 +227,9 @@ def mlstm_chunkwise_triton(q, k, v, log_i, log_f, C0, n0, m0, *, qk_scale: float
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"triton mlstm_sequence: chunk_size {chunk_size} is not supported; "
                          f"allowed: {', '.join(map(str, CHUNK_SIZES))}")
-    bk, bv, prec = launch_config(q.shape[-1], v.shape[-1], chunk_size, block_k, block_v, v.dtype)
+    cfg = launch_config(q.shape[-1], v.shape[-1], chunk_size, block_k, block_v, v.dtype)
     h, C, n, m = _MLSTMChunkwise.apply(q, k, v, log_i, log_f, C0, n0, m0, float(qk_scale), float(eps),
-                                       chunk_size, bk, bv, prec)
+                                       chunk_size, cfg)
     return h, MLSTMState(C, n, m)
 
 

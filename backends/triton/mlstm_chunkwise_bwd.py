@@ -177,7 +177,8 @@ def _bwd_chunk(Q, K, V, LI, LF, C, N, M, MROW, DH, INVDEN, DQN, DC, DN,
             offs_k = k0 + tl.arange(0, BK)
             mk = offs_k < DK
             k = tl.load(K + qk_base + offs_k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-            dc_mat = tl.load(dc_base + offs_k[:, None] * DV + offs_v[None, :], mask=mk[:, None] & mv[None, :], other=0.0)
+            cm = mk[:, None] & mv[None, :]
+            dc_mat = tl.load(dc_base + offs_k[:, None] * DV + offs_v[None, :], mask=cm, other=0.0)
             acc += tl.dot(k, dc_mat.to(dt), input_precision=PREC)
         dv = tl.dot(tl.trans(sp), dnum, input_precision=PREC) + a[:, None] * acc
         tl.store(DVo + v_base + offs_v[None, :], dv, mask=valid[:, None] & mv[None, :])
@@ -205,7 +206,7 @@ def _stabiliser_path(d_mrow, m_row, m0, log_i, log_f):
 def backward(saved, config, dh, dC_T, dn_T, dm_T):
     """Gradients for ``(q, k, v, log_i, log_f, C0, n0, m0)`` (shapes ``[B, H, ...]``)."""
     q, k, v, log_i, log_f, C0, n0, m0, C, n, m, m_row, qn, h = saved
-    B, H, scale, eps, L, bk, bv, prec = config
+    B, H, scale, eps, L, cfg = config
     BH, T, DK = q.shape
     DV = v.shape[-1]
     NC = C.shape[1] - 1
@@ -226,12 +227,12 @@ def backward(saved, config, dh, dC_T, dn_T, dm_T):
     m_live = qn_wins | (-m_row < FLOOR_LOG_MAX)
     d_mrow = -g * torch.where(m_live, eps / den, 1.0)
 
-    dC = torch.empty(BH, NC + 1, DK, DV, device=dev, dtype=torch.float32)
-    dn = torch.empty(BH, NC + 1, DK, device=dev, dtype=torch.float32)
+    dC = torch.full((BH, NC + 1, DK, DV), float("nan"), device=dev)
+    dn = torch.full((BH, NC + 1, DK), float("nan"), device=dev)
     dC[:, NC], dn[:, NC] = dC_T, dn_T
-    nk, nv = triton.cdiv(DK, bk), triton.cdiv(DV, bv)
-    _bwd_states[(nk, nv, BH)](q, log_i, log_f, m, m_row, dh, inv_den, dqn, dC, dn, T, NC, DK, DV, scale,
-                              L=L, BK=bk, BV=bv, PREC=prec)
+    grid = (triton.cdiv(DK, cfg.state_k), triton.cdiv(DV, cfg.state_v), BH)
+    _bwd_states[grid](q, log_i, log_f, m, m_row, dh, inv_den, dqn, dC, dn, T, NC, DK, DV, scale,
+                      L=L, BK=cfg.state_k, BV=cfg.state_v, PREC=cfg.prec, num_warps=cfg.warps_state)
 
     nan = dict(device=dev, dtype=torch.float32)
     dq = torch.full((BH, T, DK), float("nan"), **nan)
@@ -240,7 +241,7 @@ def backward(saved, config, dh, dC_T, dn_T, dm_T):
     row, col, dw, da = (torch.full((BH, NC, L), float("nan"), **nan) for _ in range(4))
     _bwd_chunk[(NC, BH)](q, k, v, log_i, log_f, C, n, m, m_row, dh, inv_den, dqn, dC, dn,
                          dq, dk, dv, row, col, dw, da, T, NC, DK, DV, scale,
-                         L=L, BK=bk, BV=bv, PREC=prec, num_warps=4 if L <= 32 else 8)
+                         L=L, BK=cfg.chunk_k, BV=cfg.chunk_v, PREC=cfg.prec, num_warps=cfg.warps_chunk)
 
     # Log-gate gradients from the per-position sums (all within a chunk, O(T)).
     pad = NC * L - T
