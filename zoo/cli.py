@@ -86,10 +86,59 @@ def _parser() -> argparse.ArgumentParser:
                    help="also run xlstm_zoo.testing's conformance checks on every third-party component (exit 1 on failure)")
     c.set_defaults(run=cmd_plugins)
 
+    c = sub.add_parser("doctor", help="this machine's GPU/Triton/nvcc, every backend's availability and why, "
+                                      "and which backend each op uses")
+    c.set_defaults(run=cmd_doctor)
+
     from xlstm_zoo.export.cli import add_parser as add_export_parser
 
     add_export_parser(sub)  # export (ONNX / TensorRT step models)
     return p
+
+
+def cmd_doctor(args) -> int:
+    from xlstm_zoo.backends import doctor
+    from xlstm_zoo.registry import registry
+
+    machine = Table("item", "value", title="This machine", title_justify="left", show_header=False)
+    for item, value in doctor.machine_facts():
+        machine.add_row(item, escape(value))
+    console.print(machine)
+
+    names = sorted(registry.names("backend"), key=lambda n: -registry.instance("backend", n).priority)
+    backends = Table("backend", "priority", "status", "source", title="Backends (highest priority first)",
+                     title_justify="left")
+    for name in names:
+        backend = registry.instance("backend", name)
+        try:
+            reason = backend.unavailable_reason()
+        except Exception as err:  # a broken plugin backend is reported, not fatal
+            reason = f"its availability check raised {type(err).__name__}: {err}"
+        status = "[green]available[/]" if reason is None else f"[red]unavailable:[/] {escape(reason)}"
+        backends.add_row(name, str(backend.priority), status, registry.get("backend", name).source)
+    console.print(backends)
+
+    for device, dtype in doctor.targets():
+        rows = doctor.op_choices(device, dtype)
+        table = Table("op", "uses", *names, title=f"Ops on {device.type} ({str(dtype).removeprefix('torch.')})",
+                      title_justify="left")
+        for row in rows:
+            cells = [_doctor_cell(row.statuses[n], row.op in registry.instance("backend", n).ops) for n in names]
+            table.add_row(row.op, f"[bold]{escape(row.uses)}[/]", *cells)
+        console.print(table)
+    console.print("Force a backend with a cell's [bold]backend:[/] field or XLSTM_ZOO_BACKEND=name.")
+    return 0
+
+
+def _doctor_cell(status: str, has_kernel: bool) -> str:
+    """Short form of a dispatcher status (why a backend is unavailable is in the Backends table)."""
+    if status == "ok":
+        return "[green]ok[/]"
+    if not has_kernel:
+        return "[dim]no kernel[/]"
+    if status.startswith("does not support"):
+        return "[yellow]unsupported here[/]"
+    return "[red]unavailable[/]"
 
 
 def cmd_list(args) -> int:

@@ -1,0 +1,91 @@
+"""What ``xlstm-zoo doctor`` reports: this machine's toolchain, every backend's availability, and
+which backend each op would use per device and dtype (the dispatcher's own answers, not a guess)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+import torch
+
+from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, select
+from xlstm_zoo.errors import BackendError
+
+OPS = ("mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step", "lstm_sequence", "lstm_step")
+OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}}  # the cells' defaults
+
+
+def machine_facts() -> list[tuple[str, str]]:
+    """(item, value) rows: Python, torch, GPU, Triton, nvcc, the relevant environment variables."""
+    gpu = "none visible (torch.cuda.is_available() is False)"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gpu = f"{props.name} (compute capability {props.major}.{props.minor}), {torch.cuda.device_count()} visible"
+    return [
+        ("python", platform.python_version()),
+        ("torch", f"{torch.__version__} (built with CUDA {torch.version.cuda})" if torch.version.cuda
+         else f"{torch.__version__} (CPU-only build)"),
+        ("CUDA GPU", gpu),
+        ("triton", _triton_version()),
+        ("nvcc", _nvcc()),
+        ("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "not set")),
+        (ENV_FORCE, os.environ.get(ENV_FORCE, "not set (the dispatcher chooses)")),
+    ]
+
+
+def _triton_version() -> str:
+    from xlstm_zoo.backends.triton import triton_missing_reason
+
+    reason = triton_missing_reason()
+    if reason:
+        return reason
+    import triton
+
+    return triton.__version__
+
+
+def _nvcc() -> str:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    path = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
+    if not path or not os.path.exists(path):
+        return "not found (set CUDA_HOME or put nvcc on PATH to build the CUDA kernels)"
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        release = next((line.split("release")[-1].strip() for line in out.splitlines() if "release" in line), "?")
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"{path} (does not run: {err})"
+    return f"{path} (release {release})"
+
+
+@dataclass
+class OpChoice:
+    op: str
+    device: str
+    dtype: str
+    uses: str                    # the chosen backend, or why none can serve
+    statuses: dict[str, str]     # backend -> "ok" or why not
+
+
+def op_choices(device: torch.device, dtype: torch.dtype) -> list[OpChoice]:
+    rows = []
+    for op in OPS:
+        options = OP_OPTIONS.get(op, {})
+        statuses = {name: status for name, _, status in explain(op, device, dtype, **options)}
+        try:
+            uses = select(op, device, dtype, **options).name
+        except BackendError as err:
+            uses = f"none: {err}"
+        rows.append(OpChoice(op, device.type, str(dtype).removeprefix("torch."), uses, statuses))
+    return rows
+
+
+def targets() -> list[tuple[torch.device, torch.dtype]]:
+    """CPU in fp32; with a GPU also the GPU in bf16 and fp32."""
+    found = [(torch.device("cpu"), torch.float32)]
+    if torch.cuda.is_available():
+        found += [(torch.device("cuda"), torch.bfloat16), (torch.device("cuda"), torch.float32)]
+    return found

@@ -1,0 +1,61 @@
+"""``xlstm-zoo doctor``: machine facts, every backend's availability and why, and each op's choice."""
+
+from typing import Literal
+
+import torch
+
+from xlstm_zoo.backends import Backend
+from xlstm_zoo.backends.doctor import OPS, op_choices
+from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.registry import registry
+
+
+def test_doctor_lists_every_backend_and_op(run_cli):
+    code, out, _ = run_cli("doctor")
+    assert code == 0
+    for name in registry.names("backend"):
+        assert name in out
+    for op in OPS:
+        assert op in out
+    assert "Ops on cpu (float32)" in out
+    if not torch.cuda.is_available():
+        assert "no CUDA GPU is visible" in out  # the Triton backend says why it is unavailable
+
+
+def test_op_choices_are_the_dispatchers_choices():
+    rows = {row.op: row for row in op_choices(torch.device("cpu"), torch.float32)}
+    assert rows["slstm_sequence"].uses == "fused" and rows["lstm_sequence"].uses == "fused"
+    assert rows["mlstm_sequence"].uses == "reference"
+    assert rows["mlstm_sequence"].statuses["reference"] == "ok"
+    if not torch.cuda.is_available():
+        assert rows["mlstm_sequence"].statuses["triton"].startswith("no CUDA GPU is visible")
+
+
+class _BrokenConfig(ZooConfig):
+    type: Literal["doctor_broken"] = "doctor_broken"
+
+
+class _Broken(Backend):
+    def unavailable_reason(self):
+        raise RuntimeError("driver exploded")
+
+
+def test_a_backend_whose_check_raises_is_reported_not_fatal(run_cli):
+    registry.register(kind="backend", name="doctor_broken", config=_BrokenConfig,
+                      builder=lambda c: _Broken(name="doctor_broken", priority=99, ops={"mlstm_step": None}),
+                      description="test")
+    try:
+        code, out, _ = run_cli("doctor")
+    finally:
+        registry.unregister("backend", "doctor_broken")
+    assert code == 0
+    assert "RuntimeError" in out and "driver exploded" in out
+
+
+def test_forced_backend_shows(run_cli, monkeypatch):
+    monkeypatch.setenv("XLSTM_ZOO_BACKEND", "reference")
+    code, out, _ = run_cli("doctor")
+    assert code == 0
+    rows = {row.op: row.uses for row in op_choices(torch.device("cpu"), torch.float32)}
+    assert set(rows.values()) == {"reference"}, "the environment variable forces every op"
+    assert "XLSTM_ZOO_BACKEND" in out and "reference" in out
