@@ -228,8 +228,22 @@ NO_TRITON = textwrap.dedent("""
     for pkg in ("xlstm_zoo", "xlstm_zoo.backends", "xlstm_zoo.plugins", "xlstm_zoo.export"):
         mod = importlib.import_module(pkg)
         names.update(m.name for m in pkgutil.walk_packages(mod.__path__, pkg + "."))
-    for name in sorted(names):
+    # The Triton kernel modules are the one place that imports triton at the top; the triton backend
+    # loads them lazily, only once triton and a GPU are there. Everything else must import.
+    kernels = {n for n in names if n.startswith("xlstm_zoo.backends.triton.")}
+    assert kernels, "no Triton kernel modules found: the walk is broken"
+    for name in sorted(names - kernels):
         importlib.import_module(name)
+    for name in sorted(kernels):
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            assert "triton" in str(err), (name, err)
+        else:
+            raise AssertionError(f"{name} imported without triton: it should not be a kernel module")
+    from xlstm_zoo.backends.dispatch import select
+    for op in ("mlstm_sequence", "slstm_sequence", "mlstm_step"):
+        assert select(op, torch.device("cpu"), torch.float32).name != "triton", op
     recipe = xlstm_zoo.load_recipe("xlstm_1_1", ["stack.num_blocks=2", "dim=32"])
     model = xlstm_zoo.build(recipe).eval()
     assert recipe.model.dim == 32 and len(model.stack.blocks) == 2, (recipe.model.dim, len(model.stack.blocks))
