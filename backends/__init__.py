@@ -53,7 +53,7 @@ def slstm_sequence(wx, R, state: SLSTMState | None = None, *, gates: GateSchemes
     """sLSTM over a sequence. ``wx [B,H,T,4*Dh]`` = W x + b with gate blocks ordered (i, f, z, o);
     ``R [H,Dh,4*Dh]`` block-diagonal recurrent weights (head h maps ``h_{t-1}[:,h]`` to its 4 gate
     blocks). Returns ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
-    impl = select("slstm_sequence", wx.device, wx.dtype, force=backend)
+    impl = select("slstm_sequence", wx.device, wx.dtype, force=backend, head_dim=wx.shape[-1] // 4)
     return impl.ops["slstm_sequence"](wx, R, state, gates=gates)
 
 

@@ -16,7 +16,7 @@ from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major,
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.states import SLSTMState
 
-__all__ = ["slstm_sequence"]
+__all__ = ["slstm_sequence", "slstm_backward"]
 
 
 def _logsigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -62,59 +62,64 @@ class _SLSTMFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dh_all, dc_T, dn_T, dm_T, dh_T):
-        W, R, Cs, Ns, Ms, Hs = ctx.saved_tensors
-        input_exp, forget_exp = ctx.gate_exp
-        T, H, B, four_dh = W.shape
-        G = preactivations(W, Hs[:-1], R)
-        Dh = four_dh // 4
-        # Every pointwise factor, for all tokens at once (no recurrence in these).
-        gi, gf, gz, go = G.split(Dh, dim=-1)
-        log_i, dlog_i = _log_gate(gi, input_exp)
-        log_f, dlog_f = _log_gate(gf, forget_exp)
-        a = log_f + Ms[:-1]
-        m = Ms[1:]
-        f_s, i_s = torch.exp(a - m), torch.exp(log_i - m)
-        z, o = torch.tanh(gz), torch.sigmoid(go)
-        c, n = Cs[1:], Ns[1:]
-        ratio = c / n
-        dh_to_c = o / n                                  # dh -> dc
-        dh_to_n = o * ratio / n                          # dh -> -dn
-        dh_to_go = ratio * o * (1 - o)                   # dh -> d(o pre-activation)
-        dc_to_gz = i_s * (1 - z * z)                     # dc -> d(z pre-activation)
-        to_a = torch.where(a > log_i, 1.0, torch.where(a == log_i, 0.5, 0.0)).to(a.dtype)
-        to_i = 1 - to_a
-        c_prev, n_prev = Cs[:-1], Ns[:-1]
+        return (*slstm_backward(*ctx.saved_tensors, *ctx.gate_exp, dh_all, dc_T, dn_T, dm_T, dh_T), None, None)
 
-        dH = to_time_major(dh_all, G.dtype) if dh_all is not None else torch.zeros(T, H, B, Dh, dtype=G.dtype, device=G.device)
-        zeros = torch.zeros(H, B, Dh, dtype=G.dtype, device=G.device)
-        dc = state_in(dc_T) if dc_T is not None else zeros
-        dn = state_in(dn_T) if dn_T is not None else zeros
-        dm = state_in(dm_T) if dm_T is not None else zeros
-        dh_rec = state_in(dh_T) if dh_T is not None else zeros
-        dG = torch.empty_like(G)
-        Rt = R.transpose(1, 2).contiguous()
-        # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
-        dg_t, dgi_t, dgf_t, dgz_t, dgo_t = dG.unbind(0), *(x.unbind(0) for x in dG.split(Dh, dim=-1))
-        per_token = [x.unbind(0) if x is not None else [None] * T for x in
-                     (dH, dh_to_c, dh_to_n, c_prev, n_prev, f_s, z, i_s, to_a, to_i, dlog_i, dlog_f, dc_to_gz, dh_to_go)]
-        for t in range(T - 1, -1, -1):
-            dH_, to_c, to_n, c_p, n_p, f_s_, z_, i_s_, to_a_, to_i_, dlog_i_, dlog_f_, to_gz, to_go = (x[t] for x in per_token)
-            dh = dH_ + dh_rec
-            dct = torch.addcmul(dc, dh, to_c)
-            dnt = torch.addcmul(dn, dh, to_n, value=-1)
-            dfs = torch.addcmul(dct * c_p, dnt, n_p).mul_(f_s_)                  # d(f') * f'
-            dis = torch.addcmul(dnt, dct, z_).mul_(i_s_)                          # d(i') * i'
-            dm_total = (dm - dfs).sub_(dis)                                       # m's own gradient
-            da = torch.addcmul(dfs, dm_total, to_a_)
-            dli = torch.addcmul(dis, dm_total, to_i_)
-            dgi_t[t].copy_(dli) if dlog_i_ is None else torch.mul(dli, dlog_i_, out=dgi_t[t])
-            dgf_t[t].copy_(da) if dlog_f_ is None else torch.mul(da, dlog_f_, out=dgf_t[t])
-            torch.mul(dct, to_gz, out=dgz_t[t])
-            torch.mul(dh, to_go, out=dgo_t[t])
-            dc, dn, dm = dct * f_s_, dnt * f_s_, da
-            dh_rec = torch.bmm(dg_t[t], Rt)
-        dR = recurrent_weight_grad(Hs[:-1], dG)
-        return (from_time_major(dG), dR, state_out(dc), state_out(dn), state_out(dm), state_out(dh_rec), None, None)
+
+def slstm_backward(W, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_all, dc_T, dn_T, dm_T, dh_T):
+    """Gradients ``(dwx, dR, dc0, dn0, dm0, dh0)`` from what the forward saved: ``W`` (= W x + b,
+    time-major ``[T,H,B,4*Dh]``) and the states before and after every token (``[T+1,H,B,Dh]``).
+    Public so another forward (the CUDA kernel) can reuse this backward; ``None`` gradients are zeros."""
+    T, H, B, four_dh = W.shape
+    G = preactivations(W, Hs[:-1], R)
+    Dh = four_dh // 4
+    # Every pointwise factor, for all tokens at once (no recurrence in these).
+    gi, gf, gz, go = G.split(Dh, dim=-1)
+    log_i, dlog_i = _log_gate(gi, input_exp)
+    log_f, dlog_f = _log_gate(gf, forget_exp)
+    a = log_f + Ms[:-1]
+    m = Ms[1:]
+    f_s, i_s = torch.exp(a - m), torch.exp(log_i - m)
+    z, o = torch.tanh(gz), torch.sigmoid(go)
+    c, n = Cs[1:], Ns[1:]
+    ratio = c / n
+    dh_to_c = o / n                                  # dh -> dc
+    dh_to_n = o * ratio / n                          # dh -> -dn
+    dh_to_go = ratio * o * (1 - o)                   # dh -> d(o pre-activation)
+    dc_to_gz = i_s * (1 - z * z)                     # dc -> d(z pre-activation)
+    to_a = torch.where(a > log_i, 1.0, torch.where(a == log_i, 0.5, 0.0)).to(a.dtype)
+    to_i = 1 - to_a
+    c_prev, n_prev = Cs[:-1], Ns[:-1]
+
+    dH = to_time_major(dh_all, G.dtype) if dh_all is not None else torch.zeros(T, H, B, Dh, dtype=G.dtype, device=G.device)
+    zeros = torch.zeros(H, B, Dh, dtype=G.dtype, device=G.device)
+    dc = state_in(dc_T) if dc_T is not None else zeros
+    dn = state_in(dn_T) if dn_T is not None else zeros
+    dm = state_in(dm_T) if dm_T is not None else zeros
+    dh_rec = state_in(dh_T) if dh_T is not None else zeros
+    dG = torch.empty_like(G)
+    Rt = R.transpose(1, 2).contiguous()
+    # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
+    dg_t, dgi_t, dgf_t, dgz_t, dgo_t = dG.unbind(0), *(x.unbind(0) for x in dG.split(Dh, dim=-1))
+    per_token = [x.unbind(0) if x is not None else [None] * T for x in
+                 (dH, dh_to_c, dh_to_n, c_prev, n_prev, f_s, z, i_s, to_a, to_i, dlog_i, dlog_f, dc_to_gz, dh_to_go)]
+    for t in range(T - 1, -1, -1):
+        dH_, to_c, to_n, c_p, n_p, f_s_, z_, i_s_, to_a_, to_i_, dlog_i_, dlog_f_, to_gz, to_go = (x[t] for x in per_token)
+        dh = dH_ + dh_rec
+        dct = torch.addcmul(dc, dh, to_c)
+        dnt = torch.addcmul(dn, dh, to_n, value=-1)
+        dfs = torch.addcmul(dct * c_p, dnt, n_p).mul_(f_s_)                  # d(f') * f'
+        dis = torch.addcmul(dnt, dct, z_).mul_(i_s_)                          # d(i') * i'
+        dm_total = (dm - dfs).sub_(dis)                                       # m's own gradient
+        da = torch.addcmul(dfs, dm_total, to_a_)
+        dli = torch.addcmul(dis, dm_total, to_i_)
+        dgi_t[t].copy_(dli) if dlog_i_ is None else torch.mul(dli, dlog_i_, out=dgi_t[t])
+        dgf_t[t].copy_(da) if dlog_f_ is None else torch.mul(da, dlog_f_, out=dgf_t[t])
+        torch.mul(dct, to_gz, out=dgz_t[t])
+        torch.mul(dh, to_go, out=dgo_t[t])
+        dc, dn, dm = dct * f_s_, dnt * f_s_, da
+        dh_rec = torch.bmm(dg_t[t], Rt)
+    dR = recurrent_weight_grad(Hs[:-1], dG)
+    return (from_time_major(dG), dR, state_out(dc), state_out(dn), state_out(dm), state_out(dh_rec))
 
 
 def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = None, *,
