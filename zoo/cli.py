@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     from xlstm_zoo.grid.commands import add_commands
 
     add_commands(sub)  # train, grid, report
+    from xlstm_zoo.bench.commands import add_commands as add_bench_commands
+
+    add_bench_commands(sub)  # bench
 
     from xlstm_zoo.plugins.cli import cmd_plugins
 

@@ -1,0 +1,198 @@
+"""The benchmark harness (xlstm_zoo.bench) at tiny scale: cases, runner, report files, CLI errors.
+
+The numbers themselves are not checked here (tests/bench/test_bench_cpu.py measures them); this checks
+that the harness times what it says, computes ratios the right way round, writes parseable files
+atomically and degrades clearly when a baseline package is missing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+from dataclasses import replace
+
+import pytest
+
+from xlstm_zoo.bench import cases as bench_cases
+from xlstm_zoo.bench import runner
+from xlstm_zoo.bench.cases import SMOKE, BaselineUnavailable, Case, Prepared
+
+TINY = replace(SMOKE, name="tiny", seq_len=16, sweep_lengths=(8, 16), sweep_ref=16, positions=(2, 4),
+               official_prefill_max=4)
+
+
+def _sleep_case(name, ours_s, base_s, **kw):
+    return Case(name, "g", "-", lambda: Prepared(lambda: time.sleep(ours_s), 10, "sleep ours"),
+                lambda: Prepared(lambda: time.sleep(base_s), 20, "sleep base"), **kw)
+
+
+def test_ratio_is_baseline_over_ours_and_sides_interleave():
+    calls = []
+
+    def side(tag, seconds):
+        def fn():
+            calls.append(tag)
+            time.sleep(seconds)
+        return lambda: Prepared(fn, None, tag)
+
+    case = Case("c", "g", "-", side("o", 0.001), side("b", 0.03))
+    row = runner.run_case(case, repeats=4, warmup=1)
+    assert row.ours_s < row.baseline_s
+    assert row.ratio == pytest.approx(row.baseline_s / row.ours_s)
+    assert row.ratio > 2  # the baseline sleeps 30x longer (sleep overshoots under load, so a loose bound)
+    assert len(row.ours_times) == len(row.baseline_times) == 4
+    middle = sorted(row.ours_times)[1:3]
+    assert row.ours_s == pytest.approx(sum(middle) / 2)  # the median of 4
+    # warm-up (o, b), then interleaved with alternating order: o b, b o, o b, b o
+    assert calls == ["o", "b", "o", "b", "b", "o", "o", "b", "b", "o"]
+
+
+def test_relative_times_use_the_reference_case():
+    cases = [_sleep_case("ref", 0.001, 0.002), _sleep_case("big", 0.03, 0.04, ref="ref")]
+    cases[0].ref = "ref"
+    rows = runner.run_cases(cases, repeats=3, progress=False)
+    ref, big = rows
+    assert ref.rel_ours == pytest.approx(1.0)
+    assert big.rel_ours == pytest.approx(big.ours_s / ref.ours_s) and big.rel_ours > 2
+    assert big.rel_baseline == pytest.approx(big.baseline_s / ref.baseline_s)
+    assert big.params_ours == 10 and big.params_baseline == 20
+
+
+def test_unavailable_baseline_and_failing_ours_are_reported():
+    def unavailable():
+        raise BaselineUnavailable("skipped: quadratic memory 8.0 GiB")
+
+    def broken():
+        raise RuntimeError("boom")
+
+    row = runner.run_case(Case("c", "g", "-", lambda: Prepared(lambda: None), unavailable), repeats=2)
+    assert row.ours_s is not None and row.baseline_s is None and row.ratio is None
+    assert row.note == "skipped: quadratic memory 8.0 GiB"
+    row = runner.run_case(Case("c", "g", "-", broken, lambda: Prepared(lambda: None)), repeats=2)
+    assert row.error == "RuntimeError: boom" and row.ours_s is None and row.baseline_s is not None
+    assert "ERROR RuntimeError: boom" in runner.markdown([row], runner.machine_info())
+
+    def fails_when_called():
+        return Prepared(lambda: 1 / 0)
+
+    row = runner.run_case(Case("c", "g", "-", lambda: Prepared(lambda: None), fails_when_called), repeats=2)
+    assert row.ours_s is not None and row.baseline_s is None
+    assert row.note == "baseline failed: ZeroDivisionError: division by zero"
+
+
+def test_memory_probe_sees_an_allocation():
+    import torch
+
+    peak = runner.measure_peak(lambda: torch.ones(64 * 2**20 // 4).sum())  # 64 MiB, touched
+    if peak is None:
+        assert not os.path.exists("/proc/self/clear_refs") or not runner.reset_peak()
+        return
+    assert isinstance(peak, int)
+    assert 48 * 2**20 <= peak < 1024 * 2**20, peak
+
+
+def test_memory_probe_without_proc_returns_none(tmp_path):
+    ran = []
+    assert runner.measure_peak(lambda: ran.append(1), status=str(tmp_path / "missing"),
+                               clear_refs=str(tmp_path / "nope" / "clear_refs")) is None
+    assert ran == [1]  # the function still runs once
+
+
+def test_results_written_atomically_and_parseable(tmp_path, monkeypatch):
+    rows = runner.run_cases([_sleep_case("a/x", 0.001, 0.002), _sleep_case("a/y|z", 0.001, 0.001)], repeats=2,
+                            progress=False)
+    info = runner.machine_info(TINY, 2)
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (replaced.append((str(a), str(b))), real_replace(a, b))[1])
+    paths = runner.write_results(rows, info, tmp_path / "out")
+    assert [p.name for p in paths] == ["results.json", "results.md"]
+    assert {b for _, b in replaced} == {str(p) for p in paths}
+    assert all(os.path.dirname(a) == str(tmp_path / "out") and a != b for a, b in replaced)  # temp file beside it
+    assert sorted(os.listdir(tmp_path / "out")) == ["results.json", "results.md"]  # no temp file left behind
+    data = json.loads(paths[0].read_text())
+    assert data["meta"]["torch_threads"] >= 1 and data["meta"]["cpu_count"] >= 1
+    assert [r["case"] for r in data["rows"]] == ["a/x", "a/y|z"]
+    assert data["rows"][0]["ratio"] == pytest.approx(data["rows"][0]["baseline_s"] / data["rows"][0]["ours_s"])
+    table = [line for line in paths[1].read_text().splitlines() if line.startswith("| g |")]
+    assert len(table) == 2 and all(line.count(" | ") == len(runner.COLUMNS) for line in table)  # `|` escaped
+
+
+def test_every_case_runs_at_tiny_scale():
+    cases = bench_cases.make_cases(TINY)
+    names = [c.name for c in cases]
+    assert len(names) == len(set(names))
+    assert {"fwd/mlstm_block", "fwdbwd/xlstm_7_1", "op/mlstm_chunkwise/fwdbwd", "sweep/mlstm/T=16",
+            "generate/xlstm_7_1/pos=4"} <= set(names)
+    picked = [c for c in cases if c.name in {"fwd/slstm_block", "fwdbwd/mlstm_block", "op/mlstm_chunkwise/fwd",
+                                             "sweep/mlstm/T=16", "generate/xlstm_7_1/pos=4"}]
+    rows = runner.run_cases(picked, repeats=1, warmup=0, progress=False)
+    for row in rows:
+        assert row.error is None, row
+        assert row.ours_s > 0 and row.baseline_s > 0, row  # official packages are test dependencies
+        assert row.ratio == pytest.approx(row.baseline_s / row.ours_s)
+    by = {r.case: r for r in rows}
+    assert by["fwd/slstm_block"].params_ours > 0 and by["fwd/slstm_block"].params_baseline > 0
+    assert by["sweep/mlstm/T=16"].memory and by["sweep/mlstm/T=16"].rel_ours == pytest.approx(1.0)
+
+
+def test_full_scale_architectures_match_the_official_parameter_counts():
+    """Ours is built with the official layout (block-diagonal qkv, per-head sLSTM z/o, same FFN width)."""
+    got = {}
+    for case in bench_cases.make_cases(bench_cases.FULL):
+        if case.name.startswith("fwd/"):
+            got[case.name] = (case.ours().params, case.baseline().params)
+    assert got["fwd/mlstm_block"] == (105_736, 109_576)
+    assert got["fwd/xlstm_7_1"] == (871_480, 874_296)
+    for name, (ours, official) in got.items():  # the rest: our i/f gates (and LSTM z/o) are full, theirs per head
+        assert 0.9 < ours / official < 1.5, (name, ours, official)
+
+
+def test_quadratic_baseline_skipped_beyond_the_limit():
+    scale = replace(TINY, sweep_lengths=(64,), quadratic_limit_bytes=1000)
+    (case,) = [c for c in bench_cases.make_cases(scale) if c.name.startswith("sweep/")]
+    with pytest.raises(BaselineUnavailable, match=r"skipped: quadratic memory"):
+        case.baseline()
+    assert bench_cases.parallel_bytes(1, 4, 8192) > 4 * 2**30 > bench_cases.parallel_bytes(1, 4, 4096)
+
+
+def test_missing_official_packages(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_official(name, *args, **kwargs):
+        if name.split(".")[0] in {"xlstm", "mlstm_kernels"}:
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_official)
+    cases = [c for c in bench_cases.make_cases(TINY) if c.name in {"fwd/mlstm_block", "op/mlstm_chunkwise/fwd"}]
+    rows = runner.run_cases(cases, repeats=1, warmup=0, progress=False)
+    for row in rows:
+        assert row.error is None and row.ours_s > 0
+        assert row.baseline_s is None and row.ratio is None
+        assert row.note.startswith("not installed (")
+    assert "xlstm" in rows[0].note and "mlstm_kernels" in rows[1].note
+    assert "n/a" in runner.markdown(rows, runner.machine_info())
+
+
+def test_cli_unknown_only_pattern_lists_cases(run_cli):
+    code, out, err = run_cli("bench", "--only", "no_such_case*")
+    assert code == 2
+    assert "--only 'no_such_case*' matches no case" in err
+    assert "fwd/mlstm_block" in err and "generate/xlstm_7_1/pos=10000" in err
+
+
+def test_cli_runs_selected_cases(run_cli, tmp_path):
+    code, out, err = run_cli("bench", "--smoke", "--only", "op/*", "--repeats", "1", "--out", tmp_path)
+    assert code == 0, err
+    assert "torch.get_num_threads()=" in err and "CPUs=" in err
+    assert "op/mlstm_chunkwise/fwd" in out and "op/mlstm_chunkwise/fwdbwd" in out and "fwd/mlstm_block" not in out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [r["case"] for r in data["rows"]] == ["op/mlstm_chunkwise/fwd", "op/mlstm_chunkwise/fwdbwd"]
+    assert data["meta"]["scale"]["name"] == "smoke" and data["meta"]["repeats"] == 1
+    code, out, err = run_cli("bench", "--quick", "--list", "--only", "sweep/*")
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines() if line.strip()] == [
+        "sweep/mlstm/T=256", "sweep/mlstm/T=1024", "sweep/mlstm/T=4096"]

@@ -1,0 +1,357 @@
+"""Benchmark cases: each one is "ours vs a baseline" at the same shapes, built fresh for every run.
+
+A :class:`Case` has a name (``group/what``), a group, a description of its shapes and two builders,
+``ours()`` and ``baseline()``, that return a :class:`Prepared`: a zero-argument callable to time plus
+what the table shows beside the time (parameter count, a note). A baseline that cannot be built
+(package not installed, quadratic memory beyond the limit) raises :class:`BaselineUnavailable`; its
+message goes into the table and ours is still measured.
+
+Same architecture on both sides. The official NeurIPS blocks project q/k/v block-diagonally
+(``qkv_proj_blocksize=4``), so ours is built with ``stack.blocks.m.cell.proj=blockdiag`` (block size
+4). Its sLSTM block projects z/o per head and its gated feed-forward rounds
+``1.3 * dim`` up to a multiple of 64 (192 at dim 128), so ours gets ``stack.blocks.s.cell.proj=headwise``
+and the same MLP width. What cannot be matched (our i/f gates and our LSTM cell's projections are
+full linear maps, the official ones are per head) shows in the parameter counts the table prints.
+
+Shapes come from a :class:`Scale`: :data:`FULL` is the "training shape" (B=4, T=1024, d=128, 4 heads,
+fp32, CPU), :data:`QUICK` the same with fewer sweep points, :data:`SMOKE` tiny shapes for tests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+
+MLSTM_PROJ = "stack.blocks.m.cell.proj=blockdiag"  # = the official qkv_proj_blocksize=4 (our proj_blocksize default)
+SLSTM_PROJ = "stack.blocks.s.cell.proj=headwise"   # the official sLSTM layer's z/o projections are per head
+OFFICIAL_FFN_FACTOR = 1.3                         # FeedForwardConfig(proj_factor=1.3), rounded up to 64
+OFFICIAL_FFN_ROUND = 64
+# mlstm_kernels 2.0.6 `parallel--native_autograd` forward keeps 8 fp32 [B, H, T, T] intermediates alive
+# at once (log-forget matrix, its masked copy, log D, stabilised log D, D, S, C~, C) plus a bool mask.
+PARALLEL_TT_MATRICES = 8
+
+
+class BaselineUnavailable(Exception):
+    """The baseline side of a case cannot run here; the message is shown in its table cell."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Shapes of every case. ``dim``/``heads``: blocks and stacks; ``op_*``: the mLSTM op cases."""
+
+    name: str = "full"
+    batch: int = 4
+    seq_len: int = 1024
+    dim: int = 128
+    heads: int = 4
+    op_head_dim: int = 64
+    chunk_size: int = 64
+    sweep_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384)
+    sweep_ref: int = 1024
+    sweep_batch: int = 1
+    positions: tuple[int, ...] = (10, 1000, 10000)
+    official_prefill_max: int = 10000  # the official stack returns no state from forward: it steps to a position
+    quadratic_limit_bytes: int = 4 * 2**30
+    seed: int = 0
+
+
+FULL = Scale()
+QUICK = replace(FULL, name="quick", sweep_lengths=(256, 1024, 4096), official_prefill_max=1000)
+SMOKE = replace(FULL, name="smoke", batch=1, seq_len=32, dim=16, heads=4, op_head_dim=8, chunk_size=8,
+                sweep_lengths=(16, 32, 64), sweep_ref=32, positions=(2, 8), official_prefill_max=8)
+SCALES = {s.name: s for s in (FULL, QUICK, SMOKE)}
+
+
+@dataclass
+class Prepared:
+    """A zero-argument callable to time, with what the table shows beside its time."""
+
+    fn: Callable[[], Any]
+    params: int | None = None
+    note: str = ""
+
+
+@dataclass
+class Case:
+    name: str
+    group: str
+    shapes: str
+    ours: Callable[[], Prepared]
+    baseline: Callable[[], Prepared]
+    baseline_name: str = "official"
+    memory: bool = False        # also measure peak memory (one extra call per side)
+    ref: str | None = None      # case whose times this one's are divided by (the "x ref" column)
+    info: dict = field(default_factory=dict)
+
+
+# --- the official packages (imported lazily: test-only dependencies) --------------------------------
+
+
+def _official_xlstm():
+    """The official ``xlstm`` classes, or BaselineUnavailable("not installed ...")."""
+    try:
+        from xlstm.blocks.mlstm.block import mLSTMBlockConfig
+        from xlstm.blocks.mlstm.layer import mLSTMLayerConfig
+        from xlstm.blocks.slstm.block import sLSTMBlockConfig
+        from xlstm.blocks.slstm.layer import sLSTMLayerConfig
+        from xlstm.components.feedforward import FeedForwardConfig
+        from xlstm.xlstm_block_stack import xLSTMBlockStack, xLSTMBlockStackConfig
+    except ImportError as err:
+        raise BaselineUnavailable(f"not installed (xlstm: {err})") from None
+    return dict(mLSTMBlockConfig=mLSTMBlockConfig, mLSTMLayerConfig=mLSTMLayerConfig,
+                sLSTMBlockConfig=sLSTMBlockConfig, sLSTMLayerConfig=sLSTMLayerConfig,
+                FeedForwardConfig=FeedForwardConfig, xLSTMBlockStack=xLSTMBlockStack,
+                xLSTMBlockStackConfig=xLSTMBlockStackConfig)
+
+
+def _official_mlstm_kernel(name: str):
+    try:
+        from mlstm_kernels.torch import get_mlstm_kernel
+    except ImportError as err:
+        raise BaselineUnavailable(f"not installed (mlstm_kernels: {err})") from None
+    return get_mlstm_kernel(name)
+
+
+def official_stack(scale: Scale, num_blocks: int, slstm_at, *, function: str = "slstm",
+                   context_length: int | None = None) -> torch.nn.Module:
+    """The official ``xLSTMBlockStack`` (NeurIPS blocks) at the scale's dim and heads, CPU backends."""
+    x = _official_xlstm()
+    cfg = x["xLSTMBlockStackConfig"](
+        mlstm_block=x["mLSTMBlockConfig"](mlstm=x["mLSTMLayerConfig"](
+            conv1d_kernel_size=4, qkv_proj_blocksize=4, num_heads=scale.heads)),
+        slstm_block=x["sLSTMBlockConfig"](
+            slstm=x["sLSTMLayerConfig"](backend="vanilla", num_heads=scale.heads, conv1d_kernel_size=4,
+                                        bias_init="powerlaw_blockdependent", function=function),
+            feedforward=x["FeedForwardConfig"](proj_factor=OFFICIAL_FFN_FACTOR, act_fn="gelu")),
+        context_length=context_length or scale.seq_len, num_blocks=num_blocks, embedding_dim=scale.dim,
+        slstm_at=slstm_at)
+    return x["xLSTMBlockStack"](cfg)
+
+
+# --- ours ---------------------------------------------------------------------------------------------
+
+
+def _ffn_factor(dim: int) -> float:
+    """Our MLP factor giving the official feed-forward width (1.3 * dim rounded up to 64; 1.5 at dim 128)."""
+    return OFFICIAL_FFN_ROUND * math.ceil(OFFICIAL_FFN_FACTOR * dim / OFFICIAL_FFN_ROUND) / dim
+
+
+def recipe_overrides(recipe: str, scale: Scale, num_blocks: int | None = None) -> list[str]:
+    """The --set overrides that give our recipe the official architecture at this scale."""
+    common = [f"dim={scale.dim}"]
+    if recipe == "lstm_up_projection":  # the official sLSTM block with function="lstm": post-up, conv 4, FFN
+        return common + ["stack.pattern=l", "stack.blocks.l.conv_kernel=4", f"stack.blocks.l.cell.num_heads={scale.heads}",
+                         f"stack.blocks.l.mlp.proj_factor={_ffn_factor(scale.dim)}"]
+    out = common + [MLSTM_PROJ, SLSTM_PROJ, f"stack.blocks.m.cell.num_heads={scale.heads}",
+                    f"stack.blocks.s.cell.num_heads={scale.heads}", f"stack.blocks.s.mlp.proj_factor={_ffn_factor(scale.dim)}",
+                    f"stack.blocks.m.cell.chunk_size={scale.chunk_size}"]
+    if num_blocks is not None:
+        out.append(f"stack.num_blocks={num_blocks}")
+    return out
+
+
+def our_model(recipe: str, scale: Scale, num_blocks: int | None = None):
+    from xlstm_zoo.recipe import build, load_recipe
+
+    torch.manual_seed(scale.seed)
+    return build(load_recipe(recipe, recipe_overrides(recipe, scale, num_blocks)))
+
+
+def count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# --- what is timed ------------------------------------------------------------------------------------
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _forward(module: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    module.eval()
+
+    def fn():
+        with torch.no_grad():
+            _first(module(x))
+    return fn
+
+
+def _forward_backward(module: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    """Sum of the output, backward to the input and every parameter (gradients reset each call)."""
+    module.train()
+    xg = x.detach().clone().requires_grad_()
+
+    def fn():
+        module.zero_grad(set_to_none=True)
+        xg.grad = None
+        _first(module(xg)).sum().backward()
+    return fn
+
+
+def _input(scale: Scale) -> torch.Tensor:
+    g = torch.Generator().manual_seed(scale.seed + 1)
+    return torch.randn(scale.batch, scale.seq_len, scale.dim, generator=g)
+
+
+# (case id, title, our recipe, blocks, official slstm_at, official function)
+ARCHITECTURES = [
+    ("mlstm_block", "mLSTM block", "xlstm_1_0", 1, [], "slstm"),
+    ("slstm_block", "sLSTM block", "xlstm_0_1", 1, "all", "slstm"),
+    ("lstm_block", "LSTM block", "lstm_up_projection", 1, "all", "lstm"),
+    ("xlstm_1_0", "xLSTM[1:0]", "xlstm_1_0", 4, [], "slstm"),
+    ("xlstm_0_1", "xLSTM[0:1]", "xlstm_0_1", 4, "all", "slstm"),
+    ("xlstm_7_1", "xLSTM[7:1]", "xlstm_7_1", 8, [1], "slstm"),
+]
+
+
+def _architecture_cases(scale: Scale) -> list[Case]:
+    cases = []
+    shapes = f"B={scale.batch} T={scale.seq_len} d={scale.dim} heads={scale.heads} fp32"
+    for key, title, recipe, blocks, slstm_at, function in ARCHITECTURES:
+        nb = 1 if recipe == "lstm_up_projection" else blocks
+        for group, wrap, label in (("forward", _forward, "fwd"), ("forward+backward", _forward_backward, "fwdbwd")):
+            def ours(recipe=recipe, nb=nb, wrap=wrap):
+                stack = our_model(recipe, scale, None if recipe == "lstm_up_projection" else nb).stack
+                return Prepared(wrap(stack, _input(scale)), count(stack),
+                                note="build(load_recipe(recipe, overrides)).stack (overrides in results.json)")
+
+            def baseline(nb=nb, slstm_at=slstm_at, function=function, wrap=wrap):
+                torch.manual_seed(scale.seed)
+                stack = official_stack(scale, nb, slstm_at, function=function)
+                return Prepared(wrap(stack, _input(scale)), count(stack),
+                                note="xlstm.xLSTMBlockStack (same layout; its mLSTM layer runs the parallel form, "
+                                     "its sLSTM the vanilla backend)")
+
+            cases.append(Case(f"{label}/{key}", group, shapes, ours, baseline,
+                              info=dict(title=title, recipe=recipe, overrides=recipe_overrides(recipe, scale, nb))))
+    return cases
+
+
+def _qkvif(batch: int, heads: int, seq_len: int, head_dim: int, seed: int, requires_grad: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, generator=g) for _ in range(3))
+    i_pre = torch.randn(batch, heads, seq_len, generator=g)
+    f_pre = torch.randn(batch, heads, seq_len, generator=g) + 3.0
+    return [t.requires_grad_(requires_grad) for t in (q, k, v, i_pre, f_pre)]
+
+
+def _our_mlstm(chunk_size: int):
+    from xlstm_zoo.backends import GateSchemes, mlstm_sequence
+
+    gates = GateSchemes(input="exponential", forget="sigmoid")
+    return lambda q, k, v, i, f: mlstm_sequence(q, k, v, i, f, gates=gates, chunk_size=chunk_size)[0]
+
+
+def _op_callable(op, tensors, backward: bool) -> Callable[[], None]:
+    if not backward:
+        def fn():
+            with torch.no_grad():
+                op(*tensors)
+        return fn
+
+    def fn():
+        for t in tensors:
+            t.grad = None
+        op(*tensors).sum().backward()
+    return fn
+
+
+def _op_cases(scale: Scale) -> list[Case]:
+    B, H, T, D, L = scale.batch, scale.heads, scale.seq_len, scale.op_head_dim, scale.chunk_size
+    shapes = f"B={B} H={H} T={T} Dqk=Dv={D} chunk={L} fp32"
+    cases = []
+    for label, group, backward in (("fwd", "mLSTM op", False), ("fwdbwd", "mLSTM op", True)):
+        def ours(backward=backward):
+            return Prepared(_op_callable(_our_mlstm(L), _qkvif(B, H, T, D, scale.seed, backward), backward),
+                            note="mlstm_sequence chunkwise (default dispatch)")
+
+        def baseline(backward=backward):
+            kernel = _official_mlstm_kernel("chunkwise--native_autograd")
+            op = lambda q, k, v, i, f: kernel(q, k, v, i, f, chunk_size=L)  # noqa: E731
+            return Prepared(_op_callable(op, _qkvif(B, H, T, D, scale.seed, backward), backward),
+                            note="chunkwise--native_autograd")
+
+        cases.append(Case(f"op/mlstm_chunkwise/{label}", group + (" fwd+bwd" if backward else " fwd"), shapes,
+                          ours, baseline, baseline_name="mlstm_kernels"))
+    return cases
+
+
+def parallel_bytes(batch: int, heads: int, seq_len: int) -> int:
+    """Estimated peak of the official quadratic parallel form (its T x T intermediates)."""
+    return PARALLEL_TT_MATRICES * batch * heads * seq_len * seq_len * 4 + seq_len * seq_len
+
+
+def _sweep_cases(scale: Scale) -> list[Case]:
+    B, H, D = scale.sweep_batch, scale.heads, scale.op_head_dim
+    cases = []
+    ref_name = f"sweep/mlstm/T={scale.sweep_ref}" if scale.sweep_ref in scale.sweep_lengths else None
+    for T in scale.sweep_lengths:
+        def ours(T=T):
+            return Prepared(_op_callable(_our_mlstm(scale.chunk_size), _qkvif(B, H, T, D, scale.seed), False),
+                            note="chunkwise (linear in T)")
+
+        def baseline(T=T):
+            need = parallel_bytes(B, H, T)
+            if need > scale.quadratic_limit_bytes:
+                raise BaselineUnavailable(f"skipped: quadratic memory {need / 2**30:.1f} GiB")
+            kernel = _official_mlstm_kernel("parallel--native_autograd")
+            return Prepared(_op_callable(kernel, _qkvif(B, H, T, D, scale.seed), False),
+                            note="parallel--native_autograd (quadratic)")
+
+        cases.append(Case(f"sweep/mlstm/T={T}", "T sweep (fwd)", f"B={B} H={H} T={T} D={D} fp32", ours, baseline,
+                          baseline_name="mlstm_kernels", memory=True, ref=ref_name, info=dict(seq_len=T)))
+    return cases
+
+
+def _generation_cases(scale: Scale) -> list[Case]:
+    cases = []
+    ref_name = f"generate/xlstm_7_1/pos={scale.positions[0]}"
+    for p in scale.positions:
+        def ours(p=p):
+            model = our_model("xlstm_7_1", scale).eval()
+            g = torch.Generator().manual_seed(scale.seed + 2)
+            tokens = torch.randint(0, model.embedding.num_embeddings, (1, p + 1), generator=g)
+            with torch.no_grad():
+                _, prefilled = model(tokens[:, :p])  # chunkwise prefill to position p
+            token, state = tokens[:, p], [prefilled]
+
+            def fn():
+                with torch.no_grad():
+                    _, state[0] = model.step(token, state[0])
+            return Prepared(fn, count(model.stack), note="model.step (embedding + stack + head)")
+
+        def baseline(p=p):
+            if p > scale.official_prefill_max:
+                raise BaselineUnavailable(f"skipped: the official forward returns no state, reaching position {p} "
+                                          f"takes {p} official steps (limit {scale.official_prefill_max}; full run)")
+            torch.manual_seed(scale.seed)
+            stack = official_stack(scale, 8, [1], context_length=16).eval()
+            g = torch.Generator().manual_seed(scale.seed + 3)
+            xs = torch.randn(1, p + 1, scale.dim, generator=g)
+            state = None
+            with torch.no_grad():
+                for t in range(p):  # official prefill: one step per token
+                    _, state = stack.step(xs[:, t:t + 1], state)
+            x_t, box = xs[:, p:p + 1], [state]
+
+            def fn():
+                with torch.no_grad():
+                    _, box[0] = stack.step(x_t, box[0])
+            return Prepared(fn, count(stack), note="xLSTMBlockStack.step (stack only)")
+
+        cases.append(Case(f"generate/xlstm_7_1/pos={p}", "generation step (B=1)", f"B=1 d={scale.dim} position {p}",
+                          ours, baseline, memory=False, ref=ref_name, info=dict(position=p)))
+    return cases
+
+
+def make_cases(scale: Scale = FULL) -> list[Case]:
+    """Every case at this scale, in table order."""
+    return _architecture_cases(scale) + _op_cases(scale) + _sweep_cases(scale) + _generation_cases(scale)
+
+
+def case_names(scale: Scale = FULL) -> list[str]:
+    return [c.name for c in make_cases(scale)]
