@@ -16,7 +16,7 @@ from torch.autograd.function import once_differentiable
 from xlstm_zoo.backends.cuda import jit
 from xlstm_zoo.backends.fused.slstm import slstm_backward
 from xlstm_zoo.backends.fused.slstm import slstm_sequence as fused_slstm_sequence
-from xlstm_zoo.backends.fused.time_major import to_time_major
+from xlstm_zoo.backends.fused.time_major import preactivations, to_time_major
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes
 from xlstm_zoo.backends.reference.scalar_recurrence import head_dim
 from xlstm_zoo.backends.states import SLSTMState
@@ -42,8 +42,8 @@ class _SLSTMCudaFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dh_all, dc, dn, dm, dh_last):
         wx, R, Cs, Ns, Ms, Hs = ctx.saved_tensors
-        dwx, dR, dc0, dn0, dm0, dh0 = slstm_backward(to_time_major(wx, torch.float32), R, Cs, Ns, Ms, Hs,
-                                                     *ctx.gate_exp, dh_all, dc, dn, dm, dh_last)
+        G = preactivations(to_time_major(wx, torch.float32), Hs[:-1], R)
+        dwx, dR, dc0, dn0, dm0, dh0 = slstm_backward(G, R, Cs, Ns, Ms, Hs, *ctx.gate_exp, dh_all, dc, dn, dm, dh_last)
         return dwx.to(wx.dtype), dR, dc0, dn0, dm0, dh0, None, None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim, preactivations,
+from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim,
                                                  recurrent_weight_grad, state_in, state_out, to_time_major)
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.states import SLSTMState
@@ -35,28 +35,12 @@ def _log_gate(pre: torch.Tensor, exponential: bool):
 class _SLSTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
-        W = to_time_major(wx, wx.dtype)
-        T, H, B, four_dh = W.shape
-        Dh = four_dh // 4
-        new = dict(dtype=wx.dtype, device=wx.device)
-        Cs, Ns, Ms, Hs = (torch.empty(T + 1, H, B, Dh, **new) for _ in range(4))
-        for buf, s in ((Cs, c0), (Ns, n0), (Ms, m0), (Hs, h0)):
-            buf[0] = state_in(s)
-        # Per-token views made once: indexing inside the loop costs as much as the arithmetic.
-        w_t, c_t, n_t, m_t, h_t = W.unbind(0), Cs.unbind(0), Ns.unbind(0), Ms.unbind(0), Hs.unbind(0)
-        for t in range(T):
-            gi, gf, gz, go = torch.baddbmm(w_t[t], h_t[t], R).split(Dh, dim=-1)
-            log_i = gi if input_exp else _logsigmoid(gi)
-            a = (gf if forget_exp else _logsigmoid(gf)) + m_t[t]               # log f + m_prev, one tensor
-            m = torch.maximum(a, log_i, out=m_t[t + 1])
-            f_s = a.sub_(m).exp_()
-            i_s = torch.sub(log_i, m).exp_()
-            c = torch.addcmul(f_s * c_t[t], i_s, torch.tanh(gz), out=c_t[t + 1])
-            n = torch.addcmul(i_s, f_s, n_t[t], out=n_t[t + 1])
-            torch.div(c, n, out=h_t[t + 1]).mul_(torch.sigmoid(go))
-        # Only W x and the states are kept: the pre-activations are one batched matmul away.
-        ctx.save_for_backward(W, R, Cs, Ns, Ms, Hs)
+        G, CNs, Ms, Hs = _forward_loop(to_time_major(wx, wx.dtype), R, c0, n0, m0, h0, input_exp, forget_exp)
+        Cs, Ns = CNs.unbind(1)
+        # The pre-activations are kept (as big as W x, which is then freed): the backward needs no matmul for them.
+        ctx.save_for_backward(G, R, Cs, Ns, Ms, Hs)
         ctx.gate_exp = (input_exp, forget_exp)
+        T = G.shape[0]
         h = from_time_major(Hs[1:]).contiguous()
         return h, state_out(Cs[T]), state_out(Ns[T]), state_out(Ms[T]), state_out(Hs[T])
 
@@ -65,12 +49,48 @@ class _SLSTMFunction(torch.autograd.Function):
         return (*slstm_backward(*ctx.saved_tensors, *ctx.gate_exp, dh_all, dc_T, dn_T, dm_T, dh_T), None, None)
 
 
-def slstm_backward(W, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_all, dc_T, dn_T, dm_T, dh_T):
-    """Gradients ``(dwx, dR, dc0, dn0, dm0, dh0)`` from what the forward saved: ``W`` (= W x + b,
-    time-major ``[T,H,B,4*Dh]``) and the states before and after every token (``[T+1,H,B,Dh]``).
-    Public so another forward (the CUDA kernel) can reuse this backward; ``None`` gradients are zeros."""
+def _forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
+    """The recurrence, time-major: pre-activations ``G [T,H,B,4*Dh]``, ``c`` and ``n`` stacked as
+    ``CNs [T+1,2,H,B,Dh]``, ``Ms`` and ``Hs [T+1,H,B,Dh]`` (index 0: the initial state).
+
+    Python dispatch costs more than the arithmetic at these sizes, so the loop is laid out to issue
+    few ops per token (13): every per-token view is made once before the loop; ``log i`` and
+    ``log f + m`` share one buffer so one subtract and one exp stabilise both gates; ``c`` and ``n``
+    are stacked so one multiply-add updates both (``n`` is ``c`` with ``tanh z`` replaced by 1).
+    """
     T, H, B, four_dh = W.shape
-    G = preactivations(W, Hs[:-1], R)
+    Dh = four_dh // 4
+    new = dict(dtype=W.dtype, device=W.device)
+    G = torch.empty_like(W)
+    CNs = torch.empty(T + 1, 2, H, B, Dh, **new)
+    Ms, Hs = torch.empty(T + 1, H, B, Dh, **new), torch.empty(T + 1, H, B, Dh, **new)
+    CNs[0, 0], CNs[0, 1], Ms[0], Hs[0] = state_in(c0), state_in(n0), state_in(m0), state_in(h0)
+    gates = torch.empty(2, H, B, Dh, **new)                # log i - m and log f + m_prev - m, then exp'd
+    z_one = torch.ones(2, H, B, Dh, **new)                 # [tanh z, 1]
+    log_i_buf, log_f_buf = gates.unbind(0)
+    i_s, f_s = log_i_buf, log_f_buf                        # the same memory after the in-place exp
+    w_t, g_t, cn_t, m_t, h_t = W.unbind(0), G.unbind(0), CNs.unbind(0), Ms.unbind(0), Hs.unbind(0)
+    gi_t, gf_t, gz_t, go_t = (x.unbind(0) for x in G.split(Dh, dim=-1))
+    c_t, n_t = CNs[:, 0].unbind(0), CNs[:, 1].unbind(0)
+    z = z_one[0]
+    for t in range(T):
+        torch.baddbmm(w_t[t], h_t[t], R, out=g_t[t])
+        log_i_buf.copy_(gi_t[t] if input_exp else _logsigmoid(gi_t[t]))
+        torch.add(gf_t[t] if forget_exp else _logsigmoid(gf_t[t]), m_t[t], out=log_f_buf)
+        m = torch.maximum(log_i_buf, log_f_buf, out=m_t[t + 1])
+        gates.sub_(m).exp_()
+        torch.tanh(gz_t[t], out=z)
+        torch.addcmul(f_s * cn_t[t], i_s, z_one, out=cn_t[t + 1])
+        torch.div(c_t[t + 1], n_t[t + 1], out=h_t[t + 1]).mul_(torch.sigmoid(go_t[t]))
+    return G, CNs, Ms, Hs
+
+
+def slstm_backward(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_all, dc_T, dn_T, dm_T, dh_T):
+    """Gradients ``(dwx, dR, dc0, dn0, dm0, dh0)`` from the forward's gate pre-activations ``G``
+    (``W x + b + R h_prev``, time-major ``[T,H,B,4*Dh]``) and the states before and after every token
+    (``[T+1,H,B,Dh]``). Public so another forward (the CUDA kernel) can reuse this backward, with
+    ``G`` from :func:`preactivations`; ``None`` gradients are zeros."""
+    T, H, B, four_dh = G.shape
     Dh = four_dh // 4
     # Every pointwise factor, for all tokens at once (no recurrence in these).
     gi, gf, gz, go = G.split(Dh, dim=-1)

@@ -32,8 +32,8 @@ def state_out(s: torch.Tensor) -> torch.Tensor:
 
 
 def preactivations(w: torch.Tensor, h_prev: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
-    """All tokens' gate pre-activations ``W x + R h_prev`` at once (the backward recomputes them
-    instead of the forward loop storing them): ``[T, H, B, 4*Dh]``."""
+    """All tokens' gate pre-activations ``W x + R h_prev`` at once, ``[T, H, B, 4*Dh]``: for a backward
+    whose forward did not keep them."""
     T, H, B, Dh = h_prev.shape
     rec = torch.bmm(h_prev.transpose(0, 1).reshape(H, T * B, Dh), R)
     return w + rec.view(H, T, B, -1).transpose(0, 1)
