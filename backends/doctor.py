@@ -19,7 +19,7 @@ OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}}  # the 
 
 
 def machine_facts() -> list[tuple[str, str]]:
-    """(item, value) rows: Python, torch, GPU, Triton, nvcc, the relevant environment variables."""
+    """(item, value) rows: Python, torch, GPU, Triton, nvcc, the C++ compiler, the relevant environment variables."""
     gpu = "none visible (torch.cuda.is_available() is False)"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -31,6 +31,7 @@ def machine_facts() -> list[tuple[str, str]]:
         ("CUDA GPU", gpu),
         ("triton", _triton_version()),
         ("nvcc", _nvcc()),
+        ("C++ compiler", _cxx()),
         ("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "not set")),
         (ENV_FORCE, os.environ.get(ENV_FORCE, "not set (the dispatcher chooses)")),
     ]
@@ -59,6 +60,13 @@ def _nvcc() -> str:
     except (OSError, subprocess.SubprocessError) as err:
         return f"{path} (does not run: {err})"
     return f"{path} (release {release})"
+
+
+def _cxx() -> str:
+    from xlstm_zoo.backends.cpp.build import compiler
+
+    found = compiler()
+    return f"{found} (builds the cpp backend's sLSTM loop)" if found else "not found (install g++ or set CXX for the cpp backend)"
 
 
 @dataclass

@@ -62,8 +62,12 @@ def step_inputs(dtype=torch.float32):
 
 
 def test_cpu_gets_a_cpu_implementation_by_default():
-    # The fused sequence loops beat the reference on CPU; every other op has only the reference there.
-    expected = {"mlstm_sequence": "reference", "mlstm_step": "reference", "slstm_sequence": "fused",
+    # The compiled sLSTM loop (where a C++ compiler builds it) and the fused sequence loops beat the
+    # reference on CPU; every other op has only the reference there.
+    from xlstm_zoo.backends.cpp.build import unavailable_reason
+
+    slstm = "cpp" if unavailable_reason() is None else "fused"
+    expected = {"mlstm_sequence": "reference", "mlstm_step": "reference", "slstm_sequence": slstm,
                 "slstm_step": "reference", "lstm_sequence": "fused", "lstm_step": "reference"}
     for op, name in expected.items():
         for dtype in (torch.float32, torch.float64):
@@ -96,7 +100,7 @@ def test_forcing(fake_backends, monkeypatch):
         select("mlstm_step", cpu, torch.float32, force="fake_broken")
     with pytest.raises(BackendError, match="'fake_fast' was forced but does not support mlstm_sequence"):
         select("mlstm_sequence", cpu, torch.float32, force="fake_fast")
-    with pytest.raises(BackendError, match="backend 'nope' is not registered.*registered backends: cuda, fake_broken, fake_fast, fused, reference, triton"):
+    with pytest.raises(BackendError, match="backend 'nope' is not registered.*registered backends: cpp, cuda, fake_broken, fake_fast, fused, reference, triton"):
         select("mlstm_step", cpu, torch.float32, force="nope")
 
 

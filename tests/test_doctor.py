@@ -24,7 +24,10 @@ def test_doctor_lists_every_backend_and_op(run_cli):
 
 def test_op_choices_are_the_dispatchers_choices():
     rows = {row.op: row for row in op_choices(torch.device("cpu"), torch.float32)}
-    assert rows["slstm_sequence"].uses == "fused" and rows["lstm_sequence"].uses == "fused"
+    from xlstm_zoo.backends.cpp.build import unavailable_reason
+
+    assert rows["slstm_sequence"].uses == ("cpp" if unavailable_reason() is None else "fused")
+    assert rows["lstm_sequence"].uses == "fused"
     assert rows["mlstm_sequence"].uses == "reference"
     assert rows["mlstm_sequence"].statuses["reference"] == "ok"
     if not torch.cuda.is_available():

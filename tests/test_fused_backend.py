@@ -132,9 +132,14 @@ def test_empty_sequence_returns_the_state():
 
 
 def test_dispatcher_picks_fused_on_cpu_and_reference_can_be_forced():
+    from xlstm_zoo.backends.cpp.build import unavailable_reason
+
     cpu = torch.device("cpu")
+    # sLSTM goes to the compiled C++ loop where it builds (tests/test_cpp_backend.py), else here.
+    assert ops.select("slstm_sequence", cpu, torch.float32).name == ("cpp" if unavailable_reason() is None else "fused")
+    assert ops.select("slstm_sequence", cpu, torch.float32, force="fused").name == "fused"
+    assert ops.select("lstm_sequence", cpu, torch.float32).name == "fused"
     for op in ("slstm_sequence", "lstm_sequence"):
-        assert ops.select(op, cpu, torch.float32).name == "fused"
         assert ops.select(op, cpu, torch.float32, force="reference").name == "reference"
     # Steps have no loop to fuse: they stay on the reference.
     assert ops.select("slstm_step", cpu, torch.float32).name == "reference"

@@ -29,6 +29,16 @@ def _fused_backend(config: FusedBackendConfig):
     return fused_backend()
 
 
+class CppBackendConfig(ZooConfig):
+    type: Literal["cpp"] = "cpp"
+
+
+def _cpp_backend(config: CppBackendConfig):
+    from xlstm_zoo.backends.cpp import cpp_backend
+
+    return cpp_backend()
+
+
 class TritonBackendConfig(ZooConfig):
     type: Literal["triton"] = "triton"
 
@@ -65,6 +75,8 @@ def register_components(register):
              description="pure PyTorch: differentiable, any device, the ground truth for every other backend")
     register(kind="backend", name="fused", config=FusedBackendConfig, builder=_fused_backend,
              description="pure PyTorch sLSTM/LSTM loops with hand-written backward passes: any device, fast on CPU")
+    register(kind="backend", name="cpp", config=CppBackendConfig, builder=_cpp_backend,
+             description="sLSTM forward loop compiled from C++ on first use (CPU; falls back if the build fails)")
     register(kind="backend", name="triton", config=TritonBackendConfig, builder=_triton_backend,
              description="Triton kernels on CUDA GPUs: mLSTM chunkwise and step, sLSTM forward and backward")
     register(kind="backend", name="cuda", config=CudaBackendConfig, builder=_cuda_backend,

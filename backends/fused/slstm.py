@@ -16,7 +16,7 @@ from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major,
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.states import SLSTMState
 
-__all__ = ["slstm_sequence", "slstm_backward"]
+__all__ = ["slstm_sequence", "slstm_backward", "forward_loop", "run_sequence"]
 
 
 def _logsigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -34,8 +34,8 @@ def _log_gate(pre: torch.Tensor, exponential: bool):
 
 class _SLSTMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
-        G, CNs, Ms, Hs = _forward_loop(to_time_major(wx, wx.dtype), R, c0, n0, m0, h0, input_exp, forget_exp)
+    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool, loop):
+        G, CNs, Ms, Hs = loop(to_time_major(wx, wx.dtype), R, c0, n0, m0, h0, input_exp, forget_exp)
         Cs, Ns = CNs.unbind(1)
         # The pre-activations are kept (as big as W x, which is then freed): the backward needs no matmul for them.
         ctx.save_for_backward(G, R, Cs, Ns, Ms, Hs)
@@ -46,10 +46,10 @@ class _SLSTMFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dh_all, dc_T, dn_T, dm_T, dh_T):
-        return (*slstm_backward(*ctx.saved_tensors, *ctx.gate_exp, dh_all, dc_T, dn_T, dm_T, dh_T), None, None)
+        return (*slstm_backward(*ctx.saved_tensors, *ctx.gate_exp, dh_all, dc_T, dn_T, dm_T, dh_T), None, None, None)
 
 
-def _forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
+def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
     """The recurrence, time-major: pre-activations ``G [T,H,B,4*Dh]``, ``c`` and ``n`` stacked as
     ``CNs [T+1,2,H,B,Dh]``, ``Ms`` and ``Hs [T+1,H,B,Dh]`` (index 0: the initial state).
 
@@ -145,6 +145,13 @@ def slstm_backward(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_a
 def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = None, *,
                    gates: GateSchemes) -> tuple[torch.Tensor, SLSTMState]:
     """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
+    return run_sequence(wx, R, state, gates=gates, loop=forward_loop)
+
+
+def run_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None, *, gates: GateSchemes,
+                 loop) -> tuple[torch.Tensor, SLSTMState]:
+    """:func:`slstm_sequence` with another forward ``loop`` (same contract as :func:`forward_loop`,
+    e.g. the compiled C++ one); the backward is always :func:`slstm_backward`."""
     dh, dtype = head_dim(wx, R, "sLSTM"), compute_dtype(wx)
     B, H, T = wx.shape[:3]
     if state is None:
@@ -153,5 +160,5 @@ def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None =
     if T == 0:
         return wx.new_empty(B, H, 0, dh), SLSTMState(c0, n0, m0, h0)
     h, c, n, m, h_last = _SLSTMFunction.apply(wx.to(dtype), R.to(dtype), c0, n0, m0, h0,
-                                              gates.input == "exponential", gates.forget == "exponential")
+                                              gates.input == "exponential", gates.forget == "exponential", loop)
     return h.to(wx.dtype), SLSTMState(c, n, m, h_last)

@@ -1,0 +1,148 @@
+"""Build the C++ sLSTM loop once per machine and load it with ctypes.
+
+No torch headers and no Python extension module: one plain C++ file, compiled by the system compiler
+in about a second into a shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
+``$XLSTM_ZOO_CACHE_DIR/cpp``). The cache key holds a hash of the source, the compiler and this CPU,
+because the library is built for the CPU it runs on (``-march=native``). A failed build warns once
+(:class:`CppBuildWarning`, with the compiler's own error lines) and the dispatcher falls back to the
+next backend; the user's run goes on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent / "slstm_loop.cpp"
+LIBRARY = "libxlstm_zoo_slstm.so"
+# Tried in order: the first that compiles wins (not every compiler knows -march=native).
+FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
+BASE_FLAGS = ["-std=c++17", "-shared", "-fPIC", "-pthread"]
+
+
+class CppBuildWarning(RuntimeWarning):
+    """The C++ sLSTM loop did not build; sLSTM on the CPU falls back to the fused PyTorch loop."""
+
+
+def compiler() -> str | None:
+    """``$CXX`` if set (even if missing: then the build reports it), else the first of c++, g++, clang++ on PATH."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name))), None)
+
+
+def environment_reason() -> str | None:
+    """Why the build cannot even be attempted (None: it can)."""
+    if sys.platform != "linux":
+        return f"only built on Linux (this is {sys.platform})"
+    if compiler() is None:
+        return "no C++ compiler found (install g++ or set CXX)"
+    return None
+
+
+def _cpu_fingerprint() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def cache_path() -> Path:
+    root = os.environ.get("XLSTM_ZOO_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "xlstm_zoo"
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), str(compiler()).encode(), platform.machine().encode(), _cpu_fingerprint().encode()):
+        digest.update(part)
+    return base / "cpp" / digest.hexdigest()[:16] / LIBRARY
+
+
+def _compile(target: Path) -> None:
+    """Compile into a temporary file, then rename: a concurrent or interrupted build never leaves a torn library."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    for flags in FLAG_SETS:
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            proc = subprocess.run([compiler(), *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp],
+                                  capture_output=True, text=True, timeout=300)
+            if proc.returncode == 0:
+                os.replace(tmp, target)
+                return
+            errors.append((proc.stderr or proc.stdout).strip())
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise RuntimeError(first_error(errors[-1]))
+
+
+def first_error(output: str, max_lines: int = 3) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return " | ".join((errors or lines)[:max_lines]) or "no compiler output"
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    ptr, i64, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    for name in ("xlstm_zoo_slstm_forward_f32", "xlstm_zoo_slstm_forward_f64"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ptr] * 11 + [i64] * 5 + [flag, flag, i64]
+        fn.restype = None
+    return lib
+
+
+class Build:
+    """This process's outcome: not tried yet, the loaded library, or the failure's reason."""
+
+    def __init__(self):
+        self.library: ctypes.CDLL | None = None
+        self.error: str | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> tuple[ctypes.CDLL | None, str | None]:
+        with self._lock:
+            if self.library is None and self.error is None:
+                self.error = environment_reason()
+                if self.error is None:
+                    self._build()
+            return self.library, self.error
+
+    def _build(self) -> None:
+        path = cache_path()
+        try:
+            if not path.is_file():
+                print(f"xlstm_zoo: compiling the C++ sLSTM loop (first use; cached in {path.parent})",
+                      file=sys.stderr, flush=True)
+                _compile(path)
+            self.library = _load(path)
+        except Exception as err:  # a failed build must never stop the user's run
+            self.error = f"compile failed: {err}"
+            warnings.warn(f"xlstm_zoo: the C++ sLSTM loop is unavailable, so sLSTM on the CPU falls back to the "
+                          f"fused PyTorch loop ({self.error})", CppBuildWarning, stacklevel=3)
+
+
+_build = Build()
+
+
+def library() -> ctypes.CDLL:
+    lib, error = _build.get()
+    if lib is None:
+        raise RuntimeError(f"the C++ sLSTM loop is unavailable: {error}")
+    return lib
+
+
+def unavailable_reason() -> str | None:
+    """None once the library is loaded (building it on first call), else why not."""
+    return _build.get()[1]
