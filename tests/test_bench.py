@@ -49,6 +49,19 @@ def test_ratio_is_baseline_over_ours_and_sides_interleave():
     assert calls == ["o", "b", "o", "b", "b", "o", "o", "b", "b", "o"]
 
 
+def test_sample_factor_multiplies_the_timed_calls():
+    case = Case("c", "g", "-", lambda: Prepared(lambda: None), lambda: Prepared(lambda: None), sample_factor=3)
+    row = runner.run_case(case, repeats=2, warmup=0)
+    assert len(row.ours_times) == len(row.baseline_times) == 6
+
+
+def test_step_latency_vs_position_compares_ours_with_ours():
+    cases = [c for c in bench_cases.make_cases(bench_cases.SCALES["smoke"]) if c.group == "step latency vs position"]
+    assert cases and all(c.baseline_name.startswith("ours at position") for c in cases)
+    row = runner.run_case(cases[-1], repeats=1, warmup=0)
+    assert row.error is None and row.ratio is not None and row.params_ours == row.params_baseline
+
+
 def test_relative_times_use_the_reference_case():
     cases = [_sleep_case("ref", 0.001, 0.002), _sleep_case("big", 0.03, 0.04, ref="ref")]
     cases[0].ref = "ref"

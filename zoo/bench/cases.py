@@ -84,6 +84,7 @@ class Case:
     baseline_name: str = "official"
     memory: bool = False        # also measure peak memory (one extra call per side)
     ref: str | None = None      # case whose times this one's are divided by (the "x ref" column)
+    sample_factor: int = 1      # cheap cases take this many times more timed calls (a steadier median)
     info: dict = field(default_factory=dict)
 
 
@@ -307,22 +308,31 @@ def _sweep_cases(scale: Scale) -> list[Case]:
     return cases
 
 
+GENERATION_SAMPLE_FACTOR = 10  # a step takes milliseconds: ten times the repeats for a steady median
+
+
+def _our_step(scale: Scale, p: int) -> Prepared:
+    """One generation step of our xLSTM[7:1] model at position ``p`` (prefilled chunkwise)."""
+    model = our_model("xlstm_7_1", scale).eval()
+    g = torch.Generator().manual_seed(scale.seed + 2)
+    tokens = torch.randint(0, model.embedding.num_embeddings, (1, p + 1), generator=g)
+    with torch.no_grad():
+        _, prefilled = model(tokens[:, :p])  # chunkwise prefill to position p
+    token = tokens[:, p]
+
+    def fn():  # every call steps from the same state: the position stays p
+        with torch.no_grad():
+            model.step(token, prefilled)
+    return Prepared(fn, count(model.stack), note="model.step (embedding + stack + head)")
+
+
 def _generation_cases(scale: Scale) -> list[Case]:
     cases = []
-    ref_name = f"generate/xlstm_7_1/pos={scale.positions[0]}"
+    first = scale.positions[0]
+    ref_name = f"generate/xlstm_7_1/pos={first}"
     for p in scale.positions:
         def ours(p=p):
-            model = our_model("xlstm_7_1", scale).eval()
-            g = torch.Generator().manual_seed(scale.seed + 2)
-            tokens = torch.randint(0, model.embedding.num_embeddings, (1, p + 1), generator=g)
-            with torch.no_grad():
-                _, prefilled = model(tokens[:, :p])  # chunkwise prefill to position p
-            token, state = tokens[:, p], [prefilled]
-
-            def fn():
-                with torch.no_grad():
-                    _, state[0] = model.step(token, state[0])
-            return Prepared(fn, count(model.stack), note="model.step (embedding + stack + head)")
+            return _our_step(scale, p)
 
         def baseline(p=p):
             if p > scale.official_prefill_max:
@@ -336,15 +346,24 @@ def _generation_cases(scale: Scale) -> list[Case]:
             with torch.no_grad():
                 for t in range(p):  # official prefill: one step per token
                     _, state = stack.step(xs[:, t:t + 1], state)
-            x_t, box = xs[:, p:p + 1], [state]
+            x_t = xs[:, p:p + 1]
 
             def fn():
                 with torch.no_grad():
-                    _, box[0] = stack.step(x_t, box[0])
+                    stack.step(x_t, dict(state))  # step() writes into the dict it gets
             return Prepared(fn, count(stack), note="xLSTMBlockStack.step (stack only)")
 
         cases.append(Case(f"generate/xlstm_7_1/pos={p}", "generation step (B=1)", f"B=1 d={scale.dim} position {p}",
-                          ours, baseline, memory=False, ref=ref_name, info=dict(position=p)))
+                          ours, baseline, memory=False, ref=ref_name, info=dict(position=p),
+                          sample_factor=GENERATION_SAMPLE_FACTOR))
+    # Does a step get slower as the position grows? Our step at p against our step at the first
+    # position, interleaved in one case, so a drift in machine speed hits both.
+    for p in scale.positions[1:]:
+        cases.append(Case(f"generate/position/pos={p}", "step latency vs position", f"B=1 d={scale.dim} position {p} vs {first}",
+                          lambda p=p: _our_step(scale, p),
+                          lambda: replace(_our_step(scale, first), note=f"the same model.step at position {first}"),
+                          baseline_name=f"ours at position {first}", info=dict(position=p),
+                          sample_factor=GENERATION_SAMPLE_FACTOR))
     return cases
 
 

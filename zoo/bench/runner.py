@@ -145,7 +145,7 @@ def run_case(case: Case, *, repeats: int, warmup: int = 1) -> Row:
         row.peak_ours = measure_peak(ours.fn) if ours else None
         row.peak_baseline = measure_peak(base.fn) if base else None
     times = {id(s): [] for s in sides}
-    for r in range(repeats):
+    for r in range(repeats * case.sample_factor):
         for side in (sides if r % 2 == 0 else sides[::-1]):
             times[id(side)].append(_timed(side.fn))
     if ours is not None:
