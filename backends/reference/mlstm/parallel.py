@@ -22,7 +22,8 @@ def log_decay_matrix(log_i: torch.Tensor, log_f: torch.Tensor) -> torch.Tensor:
     # Cumulative sum down each column of a strictly-lower mask of log f gives every segment sum
     # directly, without differences of long prefix sums (no cancellation for long or extreme gates).
     seg = log_f.unsqueeze(-1).expand(*log_f.shape, T).masked_fill(~ones.tril(-1), 0.0).cumsum(-2)
-    return torch.where(ones.tril(), seg + log_i.unsqueeze(-2), float("-inf"))
+    # In place on the fresh cumsum: T x T buffers are the cost here, not arithmetic.
+    return seg.add_(log_i.unsqueeze(-2)).masked_fill_(~ones.tril(), float("-inf"))
 
 
 def parallel_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, return_state: bool = True):
@@ -31,11 +32,11 @@ def parallel_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, return_state
     log_d = log_decay_matrix(log_i, log_f)                         # [..., T, T]
     log_w0 = log_f.cumsum(-1) + m0.unsqueeze(-1)                  # [..., T] initial-state weight
     m = torch.maximum(log_d.amax(-1), log_w0)                     # [..., T] row stabiliser
-    d = torch.exp(log_d - m.unsqueeze(-1))                        # masked entries -> exactly 0
+    d = (log_d - m.unsqueeze(-1)).exp_()                          # masked entries -> exactly 0
     w0 = torch.exp(log_w0 - m)
     scores = (q @ k.transpose(-2, -1)) * d
-    num = scores @ v + w0.unsqueeze(-1) * (q @ C0)
-    qn = scores.sum(-1) + w0 * (q @ n0.unsqueeze(-1)).squeeze(-1)
+    num = torch.addcmul(scores @ v, w0.unsqueeze(-1), q @ C0)
+    qn = torch.addcmul(scores.sum(-1), w0, (q @ n0.unsqueeze(-1)).squeeze(-1))
     h = readout(num, qn, m, eps)
     if not return_state:
         return h, None
