@@ -165,7 +165,7 @@ def test_full_scale_architectures_match_the_official_parameter_counts():
 
 def test_quadratic_baseline_skipped_beyond_the_limit():
     scale = replace(TINY, sweep_lengths=(64,), quadratic_limit_bytes=1000)
-    (case,) = [c for c in bench_cases.make_cases(scale) if c.name.startswith("sweep/")]
+    (case,) = [c for c in bench_cases.make_cases(scale) if c.name.startswith("sweep/mlstm/")]
     with pytest.raises(BaselineUnavailable, match=r"skipped: quadratic memory"):
         case.baseline()
     assert bench_cases.parallel_bytes(1, 4, 8192) > 4 * 2**30 > bench_cases.parallel_bytes(1, 4, 4096)
@@ -208,4 +208,27 @@ def test_cli_runs_selected_cases(run_cli, tmp_path):
     code, out, err = run_cli("bench", "--quick", "--list", "--only", "sweep/*")
     assert code == 0
     assert [line.split()[0] for line in out.splitlines() if line.strip()] == [
-        "sweep/mlstm/T=256", "sweep/mlstm/T=1024", "sweep/mlstm/T=4096"]
+        "sweep/mlstm/T=256", "sweep/mlstm/T=1024", "sweep/mlstm/T=4096", "sweep/linear/T=4096"]
+
+
+def test_linear_growth_cases_compare_equal_token_counts():
+    # Our op at T against our op at the reference length called T / ref times: the same number of
+    # tokens on both sides, so a ratio near 1 is linear growth.
+    scale = replace(TINY, sweep_lengths=(16, 32, 64, 96), sweep_ref=32)
+    cases = {c.name: c for c in bench_cases.make_cases(scale) if c.name.startswith("sweep/linear/")}
+    assert sorted(cases) == ["sweep/linear/T=64", "sweep/linear/T=96"]  # only T > ref, multiples of ref
+    calls = []
+    real = bench_cases._op_callable
+
+    def counting(op, tensors, backward):
+        fn = real(op, tensors, backward)
+        return lambda: (calls.append(tensors[0].shape[2]), fn())
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_cases, "_op_callable", counting)
+        case = cases["sweep/linear/T=96"]
+        case.ours().fn()
+        case.baseline().fn()
+    assert calls == [96, 32, 32, 32]
+    (row,) = runner.run_cases([cases["sweep/linear/T=64"]], repeats=1, warmup=0, progress=False)
+    assert row.error is None and row.note == "" and row.ratio > 0

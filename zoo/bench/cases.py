@@ -305,6 +305,28 @@ def _sweep_cases(scale: Scale) -> list[Case]:
 
         cases.append(Case(f"sweep/mlstm/T={T}", "T sweep (fwd)", f"B={B} H={H} T={T} D={D} fp32", ours, baseline,
                           baseline_name="mlstm_kernels", memory=True, ref=ref_name, info=dict(seq_len=T)))
+    # Linear growth, measured interleaved (machine drift between the sweep cases above cancels here):
+    # our op at T against our op at the reference length called T / ref times. Ratio >= 1: no worse
+    # than linear; the target Time(16384) / Time(1024) <= 18 is ratio >= 16 / 18 = 0.89.
+    ref = scale.sweep_ref
+
+    def op_at(T: int) -> Callable[[], None]:
+        return _op_callable(_our_mlstm(scale.chunk_size), _qkvif(B, H, T, D, scale.seed), False)
+
+    for T in (t for t in scale.sweep_lengths if t > ref and t % ref == 0):
+        def long(T=T):
+            return Prepared(op_at(T), note="our op at T")
+
+        def repeated_short(T=T):
+            short = op_at(ref)
+
+            def fn():
+                for _ in range(T // ref):
+                    short()
+            return Prepared(fn, note=f"our op at T={ref}, called T / {ref} times")
+
+        cases.append(Case(f"sweep/linear/T={T}", "T sweep: growth vs linear", f"B={B} H={H} T={T} vs {T // ref} x T={ref}",
+                          long, repeated_short, baseline_name=f"ours at T={ref}, T/{ref} calls", info=dict(seq_len=T)))
     return cases
 
 
