@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
-from xlstm_zoo.backends.reference.mlstm.parallel import parallel_core
+from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core
 from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
 
@@ -30,21 +30,22 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     C_chunk = k_w.transpose(-2, -1) @ v                             # [..., NC, Dk, Dv], scaled by exp(-a_max)
     n_chunk = k_w.sum(-2)                                           # [..., NC, Dk]
 
-    entering = ([], [], [])
-    for c in range(log_f.shape[-2]):
-        for store, x in zip(entering, (C, n, m)):
-            store.append(x)
-        # Same stabilised update as one step, with a whole chunk as the "token".
-        gm = chunk_log_f[..., c] + m
-        m_new = torch.maximum(gm, log_a_max[..., c])
-        f_act = torch.exp(gm - m_new)
-        i_act = torch.exp(log_a_max[..., c] - m_new)
-        C = f_act[..., None, None] * C + i_act[..., None, None] * C_chunk[..., c, :, :]
-        n = f_act[..., None] * n + i_act[..., None] * n_chunk[..., c, :]
-        m = m_new
-    C_in = torch.stack(entering[0], dim=-3)                         # [..., NC, Dk, Dv]
-    n_in = torch.stack(entering[1], dim=-2)                         # [..., NC, Dk]
-    m_in = torch.stack(entering[2], dim=-1)                         # [..., NC]
+    # The chunk-level recurrence S_c = f_c S_{c-1} + a_c X_c (a whole chunk as the "token") in its
+    # parallel form: the same decay matrix and running-max stabiliser as parallel.py, over chunks.
+    # One small [NC, NC] matmul instead of a Python loop of NC steps (20% of the op's forward).
+    log_d = log_decay_matrix(log_a_max, chunk_log_f)                # [..., NC, NC]
+    log_w0 = chunk_log_f.cumsum(-1) + m.unsqueeze(-1)               # [..., NC] weight of the initial state
+    m_after = torch.maximum(log_d.amax(-1), log_w0)                 # [..., NC] stabiliser after each chunk
+    w = (log_d - m_after.unsqueeze(-1)).exp_()
+    w0 = torch.exp(log_w0 - m_after)
+    C_after = torch.addcmul((w @ C_chunk.flatten(-2)).unflatten(-1, C_chunk.shape[-2:]),
+                            w0[..., None, None], C.unsqueeze(-3))   # [..., NC, Dk, Dv]
+    n_after = torch.addcmul(w @ n_chunk, w0.unsqueeze(-1), n.unsqueeze(-2))
+    # The state entering chunk c is the one after chunk c - 1 (the initial state for c = 0).
+    C_in = torch.cat([C.unsqueeze(-3), C_after[..., :-1, :, :]], dim=-3)
+    n_in = torch.cat([n.unsqueeze(-2), n_after[..., :-1, :]], dim=-2)
+    m_in = torch.cat([m.unsqueeze(-1), m_after[..., :-1]], dim=-1)
+    C, n, m = C_after[..., -1, :, :], n_after[..., -1, :], m_after[..., -1]
     return (C_in, n_in, m_in), (C, n, m)
 
 
