@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 
 import pytest
+import torch
 
 from xlstm_zoo.bench import cases as bench_cases
 from xlstm_zoo.bench import runner
@@ -212,23 +213,25 @@ def test_cli_runs_selected_cases(run_cli, tmp_path):
 
 
 def test_linear_growth_cases_compare_equal_token_counts():
-    # Our op at T against our op at the reference length called T / ref times: the same number of
-    # tokens on both sides, so a ratio near 1 is linear growth.
+    # Our op on T tokens against our op on the same tokens cut into T / ref sequences: the same
+    # data on both sides, so a ratio near 1 is linear growth.
     scale = replace(TINY, sweep_lengths=(16, 32, 64, 96), sweep_ref=32)
     cases = {c.name: c for c in bench_cases.make_cases(scale) if c.name.startswith("sweep/linear/")}
     assert sorted(cases) == ["sweep/linear/T=64", "sweep/linear/T=96"]  # only T > ref, multiples of ref
     calls = []
     real = bench_cases._op_callable
 
-    def counting(op, tensors, backward):
+    def recording(op, tensors, backward):
         fn = real(op, tensors, backward)
-        return lambda: (calls.append(tensors[0].shape[2]), fn())
+        return lambda: (calls.append(tensors[0].clone()), fn())
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bench_cases, "_op_callable", counting)
+        mp.setattr(bench_cases, "_op_callable", recording)
         case = cases["sweep/linear/T=96"]
         case.ours().fn()
         case.baseline().fn()
-    assert calls == [96, 32, 32, 32]
+    whole, *pieces = calls
+    assert [p.shape[2] for p in pieces] == [32, 32, 32] and whole.shape[2] == 96
+    assert torch.equal(torch.cat(pieces, dim=2), whole)
     (row,) = runner.run_cases([cases["sweep/linear/T=64"]], repeats=1, warmup=0, progress=False)
     assert row.error is None and row.note == "" and row.ratio > 0

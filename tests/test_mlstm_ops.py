@@ -200,9 +200,10 @@ def test_chunkwise_segments_agree(gates, monkeypatch):
 
 
 def test_segment_length_whole_chunks():
-    from xlstm_zoo.backends.reference.mlstm.chunkwise import SEGMENT_ELEMENTS, segment_length
+    from xlstm_zoo.backends.reference.mlstm.chunkwise import SEGMENT_CHUNKS, SEGMENT_ELEMENTS, segment_length
 
-    assert segment_length(16, 64) == SEGMENT_ELEMENTS // (16 * 64 * 64) * 64 == 1024  # B=4, H=4
+    assert segment_length(64, 64) == SEGMENT_ELEMENTS // (64 * 64 * 64) * 64 == 256  # B=16, H=4: the element cap
+    assert segment_length(4, 64) == SEGMENT_CHUNKS * 64 == 1024  # B=1, H=4: the chunk cap
     assert segment_length(10 ** 9, 64) == 64  # never less than one chunk
     assert segment_length(1, 5000) == 5000
 

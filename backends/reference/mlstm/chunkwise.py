@@ -49,18 +49,22 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     return (C_in, n_in, m_in), (C, n, m)
 
 
-# Chunks are processed in segments whose largest intermediate ([..., chunks, L, L]) holds about
-# SEGMENT_ELEMENTS elements (4 MiB in fp32). Buffers that size stay in cache and are recycled by
-# the allocator; one big buffer per op for a long sequence is mapped fresh on each call, and its
-# page faults made time grow faster than T. On 2 cores, B=1 H=4 D=64, interleaved A/B: T=16384
-# took 22x the time of T=1024 unsegmented, 16-17x segmented, and peak memory fell 178 -> 102 MiB.
-# A smaller cap (or a cap on tokens) was no clear gain at T=16384 and cost ~12% at B=4 T=1024.
+# Chunks are processed in segments of at most SEGMENT_CHUNKS chunks whose largest intermediate
+# ([..., chunks, L, L]) holds at most SEGMENT_ELEMENTS elements (4 MiB in fp32).
+# - Elements: buffers that size stay in cache and are recycled by the allocator; one big buffer per
+#   op for a long sequence is mapped fresh on each call, and its page faults made time grow faster
+#   than T (B=1 H=4 D=64, 2 cores: T=16384 took 22x the time of T=1024 unsegmented, 16-17x
+#   segmented; peak memory 178 -> 102 MiB).
+# - Chunks: the boundary states come from a chunk-level parallel form, quadratic in the chunks of a
+#   segment; at 16 chunks it costs about a tenth of the intra-chunk matmuls.
 SEGMENT_ELEMENTS = 2 ** 20
+SEGMENT_CHUNKS = 16
 
 
 def segment_length(lead: int, chunk_size: int) -> int:
     """Tokens per segment for ``lead`` batch-head rows: a whole number of chunks, at least one."""
-    return max(1, SEGMENT_ELEMENTS // (lead * chunk_size * chunk_size)) * chunk_size
+    chunks = min(SEGMENT_CHUNKS, SEGMENT_ELEMENTS // (lead * chunk_size * chunk_size))
+    return max(1, chunks) * chunk_size
 
 
 def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int):
