@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    from xlstm_zoo.allocator import keep_freed_memory
+
+    keep_freed_memory()  # fewer page faults on repeated large CPU buffers; XLSTM_ZOO_MALLOC=default opts out
     try:
         from xlstm_zoo.plugins.cli import apply_options
 

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Column, Table
 
+from xlstm_zoo import allocator
 from xlstm_zoo.bench.cases import BaselineUnavailable, Case, Scale
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.grid.runner import progress_columns
@@ -206,7 +207,7 @@ def machine_info(scale: Scale | None = None, repeats: int | None = None) -> dict
         load = None
     info = {"torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpus_usable": affinity,
             "load_avg": load, "torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "machine": platform.machine(), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "malloc": allocator.state()}
     if scale is not None:
         info["scale"] = asdict(scale)
     if repeats is not None:
@@ -217,7 +218,7 @@ def machine_info(scale: Scale | None = None, repeats: int | None = None) -> dict
 def header(info: dict) -> str:
     return (f"torch.get_num_threads()={info['torch_threads']}, CPUs={info['cpu_count']} "
             f"(usable {info['cpus_usable']}), load average {info['load_avg']}, torch {info['torch']}, "
-            f"{info['machine']}" + (f", scale {info['scale']['name']}" if "scale" in info else "")
+            f"{info['machine']}, malloc: {info.get('malloc', '?')}" + (f", scale {info['scale']['name']}" if "scale" in info else "")
             + (f", median of {info['repeats']}" if "repeats" in info else ""))
 
 
