@@ -43,7 +43,7 @@ def probe(mode: str, **env) -> dict:
     return json.loads(out.stdout)
 
 
-needs_glibc = pytest.mark.skipif(allocator._glibc() is None, reason="glibc only (this libc is not glibc)")
+needs_glibc = pytest.mark.skipif(allocator.glibc() is None, reason="glibc only (this libc is not glibc)")
 
 
 @needs_glibc

@@ -5,8 +5,8 @@ pages from the kernel, and trims the top of its heap above its trim threshold on
 thresholds start at 128 KiB and only grow as the process frees large blocks, so a workload that
 allocates and frees megabyte buffers over and over (a long sequence in segments, a training step)
 keeps page-faulting freshly zeroed memory. Measured on 2 cores: the mLSTM op at B=1, T=16384 took
-~18,000 page faults and ~100 ms per call with glibc's defaults, none and 45-50 ms with the
-thresholds below; how many faults a call took depended on what the process had freed before.
+11,000-18,000 page faults and ~100 ms per call with glibc's defaults, under 100 and 45-50 ms
+with the thresholds below; how many faults a call took depended on what the process had freed before.
 
 :func:`keep_freed_memory` fixes the thresholds at the ceiling glibc's own dynamic adjustment can
 reach on 64-bit (32 MiB, and twice that for trimming), from the start. The cost: up to 64 MiB of
@@ -30,7 +30,8 @@ TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # glibc keeps trim = 2 x mmap threshold whe
 _state: str | None = None  # what the last call did, for reports
 
 
-def _glibc():
+def glibc():
+    """The C library through ctypes if it is glibc, else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -48,7 +49,7 @@ def keep_freed_memory() -> str:
         _state = f"glibc defaults ({ENV}=default)"
     elif any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
         _state = "thresholds from the MALLOC_* environment"
-    elif (libc := _glibc()) is None:
+    elif (libc := glibc()) is None:
         _state = "not glibc: left as is"
     elif libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(MMAP_THRESHOLD)) == 1 \
             and libc.mallopt(M_TRIM_THRESHOLD, ctypes.c_int(TRIM_THRESHOLD)) == 1:
@@ -59,5 +60,5 @@ def keep_freed_memory() -> str:
 
 
 def state() -> str:
-    """What :func:`keep_freed_memory` did in this process (``glibc defaults`` if never called)."""
+    """What :func:`keep_freed_memory` did in this process (``malloc defaults`` if never called)."""
     return _state or "malloc defaults"

@@ -13,7 +13,6 @@ call: write ``5`` to ``/proc/self/clear_refs`` (resets ``VmHWM``), read ``VmRSS`
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
@@ -55,10 +54,9 @@ def _status_bytes(field: str, path: str = PROC_STATUS) -> int | None:
 def _release_free_memory() -> None:
     """Collect garbage and hand freed heap pages back to the OS, so the next peak starts from a true floor."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    libc = allocator.glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def reset_peak(path: str = PROC_CLEAR_REFS) -> bool:
