@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from xlstm_zoo.errors import ZooError
+from xlstm_zoo.initialization import count_blocks, describe as describe_init
 
 console = Console()
 
@@ -224,6 +225,12 @@ def print_summary(recipe, model, out: Console = console) -> None:
     table.add_row("", "other", "embedding, head, norms", "", f"{_count(model) - block_params:,}")
     table.add_row("", "[bold]total", "", "", f"[bold]{_count(model):,}")
     out.print(table)
+    init = getattr(recipe.model, "init", None)
+    if init is not None:
+        rules = describe_init(model, init, dim=recipe.model.dim, num_blocks=count_blocks(stack),
+                              tied=getattr(recipe.model, "tie_weights", False))
+        out.print(f"init (scheme {init.scheme}): " + "; ".join(f"{role} {rule}" for role, rule in rules.items())
+                  + "; biases, norms and skips as their components set them")
 
 
 def _count(module) -> int:

@@ -20,6 +20,7 @@ from pydantic import BeforeValidator, Field, field_validator
 from torch import nn
 
 from xlstm_zoo.config import BuildContext, ZooConfig
+from xlstm_zoo.layers import BlockDiagonalLinear
 from xlstm_zoo.registry import component
 
 
@@ -49,13 +50,16 @@ class NormalInit(ZooConfig):
 class PowerLawInit(ZooConfig):
     """Per head ``start + (end - start) * (h / (H - 1)) ** p``, where the exponent ``p`` grows
     linearly with block depth from ``exponent_first`` (first block) to ``exponent_last`` (last
-    block): deeper blocks get more heads with long memory."""
+    block): deeper blocks get more heads with long memory. ``over: units`` spreads the values over
+    the units of each head instead (every head alike), as the official sLSTM forget gate does with
+    ``start: 5, end: -7, exponent_first: 0.3, exponent_last: 1.6``."""
 
     kind: Literal["power_law"] = "power_law"
     start: float = 3.0
     end: float = 6.0
     exponent_first: float = Field(0.3, gt=0)
     exponent_last: float = Field(1.6, gt=0)
+    over: Literal["heads", "units"] = Field("heads", description="spread over the heads, or over the units of each head")
 
 
 def _shorthand(value):
@@ -82,12 +86,18 @@ def bias_values(init: BiasInit, units: int, heads: int, block_index: int = 0, nu
     else:
         depth = block_index / (num_blocks - 1) if num_blocks > 1 else 0.0
         exponent = init.exponent_first + (init.exponent_last - init.exponent_first) * depth
+        if init.over == "units":
+            unit_position = torch.linspace(0.0, 1.0, per_head) if per_head > 1 else torch.zeros(1)
+            return (init.start + (init.end - init.start) * unit_position ** exponent).repeat(heads)
         head_values = init.start + (init.end - init.start) * position ** exponent
     return head_values.repeat_interleave(per_head)
 
 
 class GateConfig(ZooConfig):
     input_dependent: bool = Field(True, description="pre-activation includes W x (else bias only)")
+    proj: Literal["linear", "headwise"] = Field(
+        "linear", description="W: full (every unit reads all inputs) or headwise (each head reads its own slice, "
+                              "as the official sLSTM)")
     learnable_bias: bool = Field(True, description="bias is a trained parameter (else a fixed buffer)")
     bias_init: BiasInit = Field(default_factory=ConstantInit, description="constant | linspace | normal | power_law")
     softcap: float | None = Field(None, description="soft-cap pre-activations to (-cap, cap) with cap*tanh(x/cap)")
@@ -121,7 +131,7 @@ class Gate(nn.Module):
         self.units = ctx.units or ctx.heads
         if self.units % ctx.heads:
             raise ctx.error(f"gate units={self.units} must be a multiple of heads={ctx.heads}")
-        self.proj = nn.Linear(ctx.dim, self.units, bias=False) if config.input_dependent else None
+        self.proj = _gate_projection(config, ctx, self.units) if config.input_dependent else None
         if self.proj is not None:
             nn.init.zeros_(self.proj.weight)
         bias = bias_values(config.bias_init, self.units, ctx.heads, ctx.block_index, ctx.num_blocks)
@@ -133,6 +143,10 @@ class Gate(nn.Module):
         else:
             self.register_buffer("bias", bias)
 
+    @property
+    def init_roles(self) -> dict[str, str]:
+        return {"proj.weight": "gate"} if self.proj is not None else {}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pre = self.bias.expand(*x.shape[:-1], self.units)
         if self.proj is not None:
@@ -140,6 +154,14 @@ class Gate(nn.Module):
         if self.softcap is not None:
             pre = self.softcap * torch.tanh(pre / self.softcap)
         return pre
+
+
+def _gate_projection(config: GateConfig, ctx: BuildContext, units: int) -> nn.Module:
+    if config.proj == "linear":
+        return nn.Linear(ctx.dim, units, bias=False)
+    if ctx.dim % ctx.heads:
+        raise ctx.error(f"proj: headwise needs the gate's input size {ctx.dim} divisible by heads={ctx.heads}", "proj")
+    return BlockDiagonalLinear(ctx.dim, units, ctx.heads)
 
 
 @component("gate", "sigmoid", config=SigmoidGateConfig, description="sigmoid gate, log g = logsigmoid(pre): bounded in (0, 1)")

@@ -16,6 +16,8 @@ from xlstm_zoo.config import ZooConfig
 class BlockDiagonalLinear(nn.Module):
     """``in -> out`` with a block-diagonal weight of ``blocks`` equal blocks (no bias)."""
 
+    init_roles = {"weight": "proj"}
+
     def __init__(self, in_features: int, out_features: int, blocks: int):
         super().__init__()
         self.blocks = blocks
@@ -40,6 +42,8 @@ class CausalConv1d(nn.Module):
     The state is fp32 ``[B, kernel_size - 1, C]`` (zeros = nothing seen yet), so a sequence can be
     split anywhere, or run one token at a time, with the same result.
     """
+
+    init_roles = {"weight": "conv"}
 
     def __init__(self, channels: int, kernel_size: int = 4):
         super().__init__()
@@ -72,6 +76,8 @@ class MLPConfig(ZooConfig):
 
 
 class GatedMLP(nn.Module):
+    init_roles = {"down.weight": "out_proj"}
+
     def __init__(self, dim: int, config: MLPConfig):
         super().__init__()
         hidden = 8 * math.ceil(config.proj_factor * dim / 8)

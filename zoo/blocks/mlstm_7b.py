@@ -40,6 +40,8 @@ class MLSTM7BBlockConfig(ZooConfig):
 
 @component("block", "mlstm_7b", config=MLSTM7BBlockConfig, description="xLSTM-7B layout: pre-norm mLSTM (soft-capped gates, output gate), then pre-norm SwiGLU")
 class MLSTM7BBlock(Block):
+    init_roles = {"out_proj.weight": "out_proj"}
+
     def __init__(self, config: MLSTM7BBlockConfig, ctx: BuildContext):
         super().__init__()
         self.norm = build(config.norm, ctx.at("norm"), "norm")

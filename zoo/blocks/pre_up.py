@@ -33,6 +33,8 @@ class PreUpBlockConfig(ZooConfig):
 
 @component("block", "pre_up", config=PreUpBlockConfig, description="mLSTM-style block: up-projection, causal conv, cell, multi-head norm, SiLU gate, down-projection")
 class PreUpBlock(Block):
+    init_roles = {"down.weight": "out_proj"}
+
     def __init__(self, config: PreUpBlockConfig, ctx: BuildContext):
         super().__init__()
         inner = round(config.proj_factor * ctx.dim)

@@ -53,6 +53,16 @@ def merge_heads(t: torch.Tensor) -> torch.Tensor:
     return t.movedim(1, -2).flatten(-2)
 
 
+def recurrent_cell_roles(cell: nn.Module) -> dict[str, str]:
+    """Init roles of an s/LSTM-style cell: ``R`` is recurrent, and the input and forget gate weights
+    are ordinary projections beside z and o (the official sLSTM initialises all four alike)."""
+    roles = {"R": "recurrent"}
+    for gate in ("input_gate", "forget_gate"):
+        if getattr(getattr(cell, gate, None), "proj", None) is not None:
+            roles[f"{gate}.proj.weight"] = "proj"
+    return roles
+
+
 def recurrent_weight(heads: int, head_dim: int) -> nn.Parameter:
     """Block-diagonal recurrent weights ``[H, Dh, 4*Dh]`` (gate blocks i, f, z, o)."""
     bound = head_dim ** -0.5

@@ -8,7 +8,7 @@ import torch
 from pydantic import Field, model_validator
 
 from xlstm_zoo import backends as ops
-from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_weight
+from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
 from xlstm_zoo.cells.slstm import assemble_wx
 from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.registry import component
@@ -39,6 +39,10 @@ class LSTMCell(Cell):
         with torch.no_grad():
             self.if_proj.bias[ctx.dim:].fill_(config.forget_bias)
         self.R = recurrent_weight(H, self.head_dim)
+
+    @property
+    def init_roles(self) -> dict[str, str]:
+        return recurrent_cell_roles(self)
 
     def init_state(self, batch: int, device=None) -> ops.LSTMState:
         return ops.LSTMState.zeros(batch, self.num_heads, self.head_dim, device or self._device())

@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 
 from xlstm_zoo import backends as ops
-from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_weight
+from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.gates import default_forget_gate, default_input_gate
 from xlstm_zoo.layers import projection
@@ -43,6 +43,10 @@ class SLSTMCell(Cell):
         self.zo_bias = torch.nn.Parameter(torch.zeros(2 * ctx.dim))
         self.R = recurrent_weight(H, self.head_dim)
         self.gates = ops.GateSchemes(self.input_gate.scheme, self.forget_gate.scheme)
+
+    @property
+    def init_roles(self) -> dict[str, str]:
+        return recurrent_cell_roles(self)
 
     def init_state(self, batch: int, device=None) -> ops.SLSTMState:
         return ops.SLSTMState.zeros(batch, self.num_heads, self.head_dim, device or self._device())

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
 from xlstm_zoo.registry import component
 from xlstm_zoo.stacks import XLSTMStackConfig
 
@@ -24,6 +25,7 @@ class ClassifierConfig(ZooConfig):
     num_classes: int = Field(2, ge=1)
     pool: Literal["last", "mean", "none"] = Field("last", description="none: one prediction per token (tagging)")
     stack: Spec("stack") = Field(default_factory=XLSTMStackConfig)
+    init: InitConfig = Field(default_factory=InitConfig, description="how the weights start (scheme, per-role std)")
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -42,6 +44,11 @@ class Classifier(nn.Module):
                       else nn.Linear(config.input_dim, config.dim))
         self.stack = build(config.stack, ctx.at("stack"), "stack")
         self.head = nn.Linear(config.dim, config.num_classes)
+        initialize(self, config.init, dim=config.dim, num_blocks=count_blocks(self.stack), tied=False)
+
+    @property
+    def init_roles(self) -> dict[str, str]:
+        return {"head.weight": "head"}
 
     def init_state(self, batch: int, device=None) -> tuple:
         return self.stack.init_state(batch, device or self.head.weight.device)

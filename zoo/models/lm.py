@@ -9,6 +9,7 @@ from pydantic import Field
 from torch import nn
 
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
 from xlstm_zoo.registry import component
 from xlstm_zoo.stacks import XLSTMStackConfig
 
@@ -19,6 +20,7 @@ class CausalLMConfig(ZooConfig):
     dim: int = Field(128, ge=1, description="embedding and residual-stream width")
     stack: Spec("stack") = Field(default_factory=XLSTMStackConfig)
     tie_weights: bool = Field(True, description="share the embedding matrix with the output head")
+    init: InitConfig = Field(default_factory=InitConfig, description="how the weights start (scheme, per-role std)")
 
 
 @component("model", "causal_lm", config=CausalLMConfig, description="causal language model with stateful step-wise generation")
@@ -31,11 +33,15 @@ class CausalLM(nn.Module):
                             "vocab_size")
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.dim)
-        nn.init.normal_(self.embedding.weight, std=config.dim ** -0.5)
         self.stack = build(config.stack, ctx.at("stack"), "stack")
         self.head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_weights:
             self.head.weight = self.embedding.weight
+        initialize(self, config.init, dim=config.dim, num_blocks=count_blocks(self.stack), tied=config.tie_weights)
+
+    @property
+    def init_roles(self) -> dict[str, str]:
+        return {"embedding.weight": "embedding", **({} if self.config.tie_weights else {"head.weight": "head"})}
 
     def init_state(self, batch: int, device=None) -> tuple:
         return self.stack.init_state(batch, device or self.embedding.weight.device)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.initialization import Role
 
 
 class TrainConfig(ZooConfig):
@@ -14,6 +15,9 @@ class TrainConfig(ZooConfig):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
     weight_decay: float = Field(0.1, ge=0, description="applied to weight matrices only, not to biases, norms or gates")
+    no_weight_decay: list[Role] = Field(
+        default_factory=list, description="init roles whose matrices get no weight decay "
+                                          "(the official xLSTM skips [embedding, recurrent])")
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_steps: int = Field(100, ge=0, description="linear warm-up, then cosine decay")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate = min_lr_ratio * lr")

@@ -16,6 +16,7 @@ import torch
 from xlstm_zoo.checkpoint import load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
+from xlstm_zoo.initialization import parameter_roles
 from xlstm_zoo.tasks.base import Task, merge_scores
 from xlstm_zoo.training.metrics import MetricsLog
 from xlstm_zoo.training.schedule import lr_factor
@@ -51,9 +52,10 @@ def _step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
-def _param_groups(model, weight_decay):
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+def _param_groups(model, weight_decay, no_decay_roles=()):
+    params = [(p, role) for p, role in parameter_roles(model).values() if p.requires_grad]
+    decay = [p for p, role in params if p.dim() >= 2 and role not in no_decay_roles]
+    rest = [p for p, role in params if p.dim() < 2 or role in no_decay_roles]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
@@ -88,7 +90,7 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
     torch.manual_seed(cfg.seed)
     task = build_task(recipe)
     model = build_model_for(recipe, task).to(cfg.device)
-    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay, cfg.no_weight_decay), lr=cfg.lr, betas=cfg.betas)
     log = MetricsLog(run_dir / METRICS if run_dir else None)
 
     start = 0
