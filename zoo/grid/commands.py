@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,11 +28,19 @@ def add_commands(sub) -> None:
     c.add_argument("--out", help="run directory (default: runs/<recipe name>[-<profile>])")
     c.add_argument("--dry-run", action="store_true", help="list the cells and their state, run nothing")
     c.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    c.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                   help="train N cells at once in worker processes (default 1; small models: one per core)")
     c.set_defaults(run=cmd_grid)
 
     c = sub.add_parser("report", help="tabulate a grid run: markdown table, report.csv and report.png")
     c.add_argument("run_dir", help="the grid's run directory")
     c.set_defaults(run=cmd_report)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
 
 
 def _load(args):
@@ -77,7 +86,8 @@ def cmd_grid(args) -> int:
             table.add_row(cell.id, ", ".join(f"{p}={v}" for p, v in cell.overrides), state)
         Console().print(table)
         return 0
-    counts = run_grid(recipe, out, retry_failed=args.retry_failed)
+    counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs,
+                      plugin_modules=tuple(getattr(args, "plugins", ())))
     report = build_report(out)
     files = write_report(report, out)
     sys.stdout.write(report.markdown())

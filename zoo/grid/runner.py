@@ -57,38 +57,109 @@ def progress_columns() -> list:
             TimeElapsedColumn(), TimeRemainingColumn()]
 
 
-def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None) -> dict:
-    """Run every cell that has no result yet; returns counts of finished/skipped/failed cells."""
-    from xlstm_zoo.training.trainer import train
+def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None,
+             jobs: int = 1, plugin_modules: tuple[str, ...] = ()) -> dict:
+    """Run every cell that has no result yet; returns counts of finished/skipped/failed cells.
 
+    ``jobs > 1`` trains that many cells at once in worker processes (``spawn``ed, each with
+    ``cores // jobs`` torch threads; ``plugin_modules`` are the ``--plugin`` modules they load).
+    Small models gain most: their training steps are too short to keep two cores busy.
+    """
     out_dir = Path(out_dir)
     cells = expand(recipe)
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))
     counts = {"ran": 0, "skipped": 0, "failed": 0}
+    todo = [cell for cell in cells if not is_done(cell, out_dir, retry_failed)]
+    counts["skipped"] = len(cells) - len(todo)
+
+    def record(result: dict) -> None:
+        counts["failed" if result["status"] == "failed" else "ran"] += 1
+
     with Progress(*progress_columns(), console=console or Console(stderr=True), transient=False) as progress:
-        overall = progress.add_task("grid", total=len(cells), info="")
-        for cell in cells:
-            cell_dir = out_dir / "cells" / cell.id
-            previous = read_result(cell_dir)
-            if previous and previous.get("digest") == cell.digest and (
-                    previous["status"] == "finished" or not retry_failed):
-                counts["skipped"] += 1
+        overall = progress.add_task("grid", total=len(cells), completed=counts["skipped"], info="")
+        if jobs <= 1:
+            for cell in todo:
+                progress.update(overall, info=cell.id)
+                record(run_cell(cell, out_dir, progress=progress))
                 progress.advance(overall)
-                continue
-            progress.update(overall, info=cell.id)
-            started = time.time()
-            if cell.error:
-                result = {"status": "failed", "error": cell.error}
-            else:
-                atomic_write(cell_dir / "recipe.yaml",
-                             lambda f: f.write(yaml.safe_dump(cell.recipe.model_dump(), sort_keys=False).encode()))
-                try:
-                    result = {"status": "finished", **train(cell.recipe, cell_dir, progress=progress,
-                                                            description=f"  {cell.id[:40]}")}
-                except Exception as err:  # a failing cell is recorded and the grid goes on
-                    result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
-            result.update(id=cell.id, labels=cell.labels, digest=cell.digest, seconds=round(time.time() - started, 2))
-            write_json(cell_dir / RESULT, result)
-            counts["failed" if result["status"] == "failed" else "ran"] += 1
-            progress.advance(overall)
+        else:
+            _run_parallel(todo, out_dir, jobs, plugin_modules, progress, overall, record)
     return counts
+
+
+def is_done(cell: Cell, out_dir: Path, retry_failed: bool) -> bool:
+    """A result for this cell's digest exists (and is not a failure we were asked to retry)."""
+    previous = read_result(out_dir / "cells" / cell.id)
+    return bool(previous and previous.get("digest") == cell.digest
+                and (previous["status"] == "finished" or not retry_failed))
+
+
+def run_cell(cell: Cell, out_dir: Path, *, progress=None) -> dict:
+    """Train one cell in ``out_dir/cells/<id>`` (resuming from its checkpoint) and write its
+    ``result.json`` last, atomically. Every executor runs cells through this function, so skip,
+    resume and failure recording are the same everywhere. A cell's own error is recorded, not raised."""
+    from xlstm_zoo.training.trainer import train  # training imports the grid's progress columns
+
+    cell_dir = out_dir / "cells" / cell.id
+    started = time.time()
+    if cell.error:
+        result = {"status": "failed", "error": cell.error}
+    else:
+        atomic_write(cell_dir / "recipe.yaml",
+                     lambda f: f.write(yaml.safe_dump(cell.recipe.model_dump(), sort_keys=False).encode()))
+        try:
+            result = {"status": "finished", **train(cell.recipe, cell_dir, progress=progress,
+                                                    description=f"  {cell.id[:40]}")}
+        except Exception as err:  # a failing cell is recorded and the grid goes on
+            result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+    result.update(id=cell.id, labels=cell.labels, digest=cell.digest, seconds=round(time.time() - started, 2))
+    write_json(cell_dir / RESULT, result)
+    return result
+
+
+def _run_parallel(todo, out_dir, jobs, plugin_modules, progress, overall, record) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import torch
+
+    threads = max(1, torch.get_num_threads() // jobs)
+    context = multiprocessing.get_context("spawn")  # no fork: torch's thread pools do not survive it
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
+                             initargs=(threads, tuple(plugin_modules))) as pool:
+        futures = {pool.submit(_worker_run_cell, _portable(cell), str(out_dir)): cell for cell in todo}
+        progress.update(overall, info=f"{jobs} cells at a time, {threads} thread(s) each")
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                record(result)
+                progress.console.print(f"  {result['status']:8s} {result['id']}  ({result['seconds']:.0f} s)")
+                progress.advance(overall)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def _portable(cell: Cell) -> Cell:
+    """The cell with its recipe as plain data, so a spawned worker can rebuild it from its own registry."""
+    data = cell.recipe.model_dump() if cell.recipe is not None else None
+    return Cell(cell.id, cell.labels, cell.overrides, data, cell.digest, cell.error)
+
+
+def _worker_init(threads: int, plugin_modules: tuple[str, ...]) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    if plugin_modules:  # the parent's --plugin modules; entry points and XLSTM_ZOO_PLUGINS load as usual
+        from xlstm_zoo.plugins import configure
+
+        configure(strict=None, modules=list(plugin_modules))
+
+
+def _worker_run_cell(cell: Cell, out_dir: str) -> dict:
+    from xlstm_zoo.recipe import load_recipe
+
+    if cell.recipe is not None:
+        cell.recipe = load_recipe(cell.recipe)
+    return run_cell(cell, Path(out_dir))
