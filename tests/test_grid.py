@@ -208,3 +208,26 @@ def test_shipped_formal_language_grid_end_to_end(tmp_path, capsys):
     assert len(list((out / "cells").glob("*/result.json"))) == 4
     assert main(["report", str(out)]) == 0
     assert (out / "report.png").exists()
+
+
+def test_parallel_jobs_run_every_cell_once_and_resume(tmp_path):
+    # A shipped task: spawned workers rebuild the registry from scratch (the toy task lives only here).
+    recipe = load_recipe({
+        "model": {"type": "causal_lm", "vocab_size": None, "dim": 8, "tie_weights": False,
+                  "stack": {"type": "xlstm", "pattern": "l", "blocks": {"l": {"type": "plain", "cell": {"type": "lstm"}}}}},
+        "task": {"type": "parity", "train_lengths": [2, 4], "test_lengths": [5, 6], "eval_sequences": 8},
+        "train": {"steps": 3, "batch_size": 4, "warmup_steps": 0, "eval_splits": ["valid"]},
+        "grid": {"variants": {"a": {}, "b": {"train.lr": 0.01}}, "seeds": [0, 1]},
+        "report": {"rows": "variant", "metric": "accuracy", "split": "valid"}})
+    counts = run_grid(recipe, tmp_path, jobs=2)
+    assert counts == {"ran": 4, "skipped": 0, "failed": 0}
+    results = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("cells/*/result.json")}
+    assert set(results) == {c.id for c in expand(recipe)}
+    assert all(r["status"] == "finished" and r["steps"] == 3 for r in results.values())
+    assert all(len((tmp_path / "cells" / i / "metrics.jsonl").read_text().splitlines()) >= 2 for i in results)
+    assert run_grid(recipe, tmp_path, jobs=2) == {"ran": 0, "skipped": 4, "failed": 0}
+
+
+def test_jobs_must_be_positive(run_cli):
+    with pytest.raises(SystemExit):
+        run_cli("grid", "formal_languages", "--jobs", "0")
