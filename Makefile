@@ -1,5 +1,5 @@
 # Two commands on a fresh machine:
-#   make demo   set up, then run the main job: the paper's formal-language grid, quick profile
+#   make demo   set up, then run the main job: the paper's state-tracking grid, quick profile
 #   make test   set up, then run the test suite
 # Both install into ./.venv (it sees packages already installed system-wide, so an existing
 # torch is reused). torch is pinned to the CPU wheel first, so pip never pulls a CUDA build.
@@ -22,7 +22,7 @@ $(VENV)/.test: $(VENV)/.runtime
 	touch $@
 
 demo: $(VENV)/.runtime
-	$(VENV)/bin/xlstm-zoo grid formal_languages --profile quick
+	$(VENV)/bin/xlstm-zoo grid state_tracking --profile quick --jobs 2
 
 test: $(VENV)/.test
 	$(PY) -m pytest

@@ -47,12 +47,21 @@ def test_error_examples_are_what_the_code_says(tmp_path):
         assert f"{path}: {message}" in str(info.value)
 
 
+def test_init_example_builds():
+    import yaml
+
+    fragment = yaml.safe_load(next(b for b in blocks("yaml") if "init:" in b and b.startswith("model:")))
+    model = build(load_recipe({"model": {"type": "causal_lm", "tie_weights": False, **fragment["model"]}}))
+    assert model.config.init.scheme == "xlstm"
+    assert abs(model.embedding.weight.std().item() - 1.0) < 0.05
+
+
 def test_grid_example_expands():
     import yaml
 
     from xlstm_zoo.grid.expand import expand
 
-    fragment = yaml.safe_load(blocks("yaml")[1])  # whole grid: and report: sections
+    fragment = yaml.safe_load(next(b for b in blocks("yaml") if b.startswith("grid:")))  # grid: and report:
     recipe = load_recipe(load_recipe("formal_languages").model_dump() | fragment)
     cells = expand(recipe)
     assert len(cells) == 2 * 2 * 2 * 3 and not [c for c in cells if c.error]

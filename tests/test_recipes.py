@@ -170,4 +170,5 @@ def test_every_shipped_grid_expands_to_valid_cells(name, profile):
 
 
 def test_paper_recipes_ship():
-    assert {"paper/formal_languages", "paper/ablation", "paper/gating", "paper/mqar"} <= set(SHIPPED)
+    assert {"paper/formal_languages", "paper/state_tracking", "paper/ablation", "paper/gating",
+            "paper/mqar"} <= set(SHIPPED)
