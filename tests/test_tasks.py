@@ -471,3 +471,15 @@ def test_byte_lm_bad_inputs(tmp_path):
 def test_bad_configs_are_rejected_clearly(name, fields, message):
     with pytest.raises(ValidationError, match=re.escape(message)):
         registry.get("task", name).config.model_validate({"type": name, **fields})
+
+
+@pytest.mark.parametrize("name, answers", [("parity", 2), ("cycle_nav", 5), ("mod_arith_no_brackets", 5)])
+def test_scaled_accuracy_is_zero_at_chance_and_one_when_perfect(name, answers):
+    from xlstm_zoo.recipe import load_recipe
+    from xlstm_zoo.training.trainer import build_task
+
+    task = build_task(load_recipe({"model": {"type": "causal_lm", "vocab_size": None}, "task": {"type": name}}))
+    assert len(task.answer_symbols) == answers
+    assert task.summarize({"accuracy": (1.0, answers)})["scaled_accuracy"] == pytest.approx(0.0)
+    assert task.summarize({"accuracy": (10.0, 10)})["scaled_accuracy"] == pytest.approx(1.0)
+    assert task.summarize({"accuracy": (0.0, 10)})["scaled_accuracy"] < 0

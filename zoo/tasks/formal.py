@@ -22,7 +22,9 @@ Vocabulary of every formal task (one per task; ``task.symbols`` names every id):
 - ids ``I+1 .. I+A``: answer values ``0 .. A-1`` (answer value ``v`` is token ``I + 1 + v``).
 
 ``vocab_size = I + 1 + A``. The headline metric is token accuracy at the scored positions
-(``sequence_accuracy`` counts a sequence right when all its answer tokens are).
+(``sequence_accuracy`` counts a sequence right when all its answer tokens are);
+``scaled_accuracy`` rescales it so that guessing uniformly among the A answers scores 0 and a
+perfect model 1, the scale of the xLSTM paper's formal-language table.
 """
 
 from __future__ import annotations
@@ -124,6 +126,15 @@ class FormalTask(SyntheticTask):
         tokens = torch.cat([inputs.long(), sep, answers[:, :-1]], dim=1)
         ignored = torch.full((batch_size, inputs.shape[1]), IGNORE, dtype=torch.long)
         return Batch(tokens, torch.cat([ignored, answers], dim=1))
+
+    def summarize(self, sums: dict[str, tuple[float, int]]) -> dict[str, float]:
+        """Adds ``scaled_accuracy``, the paper's measure: 0 at uniform guessing among the task's
+        ``A`` answer values (accuracy 1/A), 1 when perfect (negative when worse than guessing)."""
+        out = super().summarize(sums)
+        if "accuracy" in out:
+            chance = 1 / len(self.answer_symbols)
+            out["scaled_accuracy"] = (out["accuracy"] - chance) / (1 - chance)
+        return out
 
     def decode(self, tokens) -> str:
         """Human-readable form of one token sequence (for debugging and docs)."""
