@@ -21,6 +21,7 @@ Not part of the default test run: it trains dozens of models.
 from __future__ import annotations
 
 import argparse
+import copy
 import fnmatch
 import json
 import math
@@ -84,6 +85,7 @@ class Learner:
     overrides: dict = field(default_factory=dict)   # zoo: model fields; official: layer fields
     train: dict = field(default_factory=dict)       # zoo: train-section fields (no_weight_decay)
     settings: tuple[str, ...] = ("parity",)
+    heads: int | None = None                        # None: the setting's
 
 
 def slstm_model(cell: dict, init: str, mlp_factor: float = 4 / 3) -> dict:
@@ -119,6 +121,9 @@ LEARNERS = [
             slstm_model(OFFICIAL_SLSTM_CELL, "xlstm", OFFICIAL_MLP)),
     Learner("zoo sLSTM defaults", "zoo", "slstm", slstm_model({"type": "slstm"}, "zoo")),
     Learner("zoo sLSTM defaults, 1 head", "zoo", "slstm", slstm_model({"type": "slstm", "num_heads": 1}, "zoo")),
+    Learner("official sLSTM, 1 head", "official", "slstm", heads=1),
+    Learner("zoo sLSTM as official, 1 head", "zoo", "slstm", slstm_model(OFFICIAL_SLSTM_CELL, "xlstm", OFFICIAL_MLP),
+            OFFICIAL_TRAIN, heads=1),
     Learner("official mLSTM", "official", "mlstm", settings=("mqar",)),
     Learner("zoo mLSTM as official", "zoo", "mlstm", mlstm_model("xlstm"), OFFICIAL_TRAIN, settings=("mqar",)),
     Learner("zoo mLSTM defaults", "zoo", "mlstm", mlstm_model("zoo", "linear"), settings=("mqar",)),
@@ -128,18 +133,18 @@ LEARNERS = [
 class OfficialLM(torch.nn.Module):
     """The official ``xLSTMLMModel`` with one block, returning ``(logits, None)`` like ours."""
 
-    def __init__(self, block: str, setting: Setting, vocab_size: int):
+    def __init__(self, block: str, setting: Setting, vocab_size: int, heads: int):
         super().__init__()
         from xlstm import (FeedForwardConfig, mLSTMBlockConfig, mLSTMLayerConfig, sLSTMBlockConfig,  # test extra
                            sLSTMLayerConfig, xLSTMLMModel, xLSTMLMModelConfig)
 
         blocks = ({"slstm_block": sLSTMBlockConfig(
-                      slstm=sLSTMLayerConfig(backend="vanilla", num_heads=setting.heads, conv1d_kernel_size=0,
+                      slstm=sLSTMLayerConfig(backend="vanilla", num_heads=heads, conv1d_kernel_size=0,
                                              bias_init="powerlaw_blockdependent"),
                       feedforward=FeedForwardConfig(proj_factor=1.3, act_fn="gelu")),
                    "slstm_at": [0]}
                   if block == "slstm" else
-                  {"mlstm_block": mLSTMBlockConfig(mlstm=mLSTMLayerConfig(num_heads=setting.heads))})
+                  {"mlstm_block": mLSTMBlockConfig(mlstm=mLSTMLayerConfig(num_heads=heads))})
         config = xLSTMLMModelConfig(vocab_size=vocab_size, embedding_dim=setting.dim, num_blocks=1,
                                     context_length=setting.context_length, tie_weights=False, **blocks)
         self.model = xLSTMLMModel(config)
@@ -160,15 +165,17 @@ def build_task(setting: Setting):
 
 
 def build_learner(learner: Learner, setting: Setting, task):
+    heads = learner.heads or setting.heads
     if learner.kind == "official":
-        model = OfficialLM(learner.block, setting, task.vocab_size)
+        model = OfficialLM(learner.block, setting, task.vocab_size, heads)
         return model, model.param_groups(setting.weight_decay)
     model_cfg = {"type": "causal_lm", "vocab_size": task.vocab_size, "dim": setting.dim, "tie_weights": False,
-                 **learner.overrides}
+                 **copy.deepcopy(learner.overrides)}  # learners share cell dicts: never edit them in place
     if learner.block == "slstm":
-        model_cfg["stack"]["blocks"]["s"]["cell"].setdefault("num_heads", setting.heads)
+        cell = model_cfg["stack"]["blocks"]["s"]["cell"]
+        cell["num_heads"] = learner.heads or cell.get("num_heads", setting.heads)
     else:
-        model_cfg["stack"]["blocks"]["m"]["cell"]["num_heads"] = setting.heads
+        model_cfg["stack"]["blocks"]["m"]["cell"]["num_heads"] = heads
     model = xlstm_zoo.build(xlstm_zoo.load_recipe({"model": model_cfg}))
     skip = set(learner.train.get("no_weight_decay", ()))
     params = [(p, role) for p, role in parameter_roles(model).values()]
