@@ -22,7 +22,7 @@ $(VENV)/.test: $(VENV)/.runtime
 	touch $@
 
 demo: $(VENV)/.runtime
-	$(VENV)/bin/xlstm-zoo grid state_tracking --profile quick --jobs 2
+	$(VENV)/bin/xlstm-zoo grid state_tracking --profile demo --jobs 2
 
 test: $(VENV)/.test
 	$(PY) -m pytest

@@ -172,3 +172,16 @@ def test_every_shipped_grid_expands_to_valid_cells(name, profile):
 def test_paper_recipes_ship():
     assert {"paper/formal_languages", "paper/state_tracking", "paper/ablation", "paper/gating",
             "paper/mqar"} <= set(SHIPPED)
+
+
+def test_a_profile_can_start_from_another():
+    data = {"model": {"type": "causal_lm"}, "train": {"steps": 10, "warmup_steps": 0},
+            "profiles": {"quick": {"train.steps": 5, "train.lr": 0.01}, "demo": {"profile": "quick", "train.steps": 7}}}
+    recipe = load_recipe(data, profile="demo")
+    assert (recipe.train.steps, recipe.train.lr) == (7, 0.01)
+    data["profiles"]["quick"]["profile"] = "demo"
+    with pytest.raises(ConfigError, match="circle: demo -> quick -> demo"):
+        load_recipe(data, profile="demo")
+    data["profiles"]["quick"]["profile"] = "fast"
+    with pytest.raises(ConfigError, match="unknown profile 'fast' \\(named by profile 'quick'\\)"):
+        load_recipe(data, profile="demo")

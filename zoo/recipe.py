@@ -213,10 +213,21 @@ def load_recipe(source: str | Path | dict | Recipe, overrides: list[str] | None 
 def profile_overrides(recipe: Recipe, profile: str | None, file: str | None = None) -> list[tuple[list[str], Any]]:
     if profile is None:
         return []
+    return _profile_chain(recipe, profile, file, ())
+
+
+def _profile_chain(recipe: Recipe, profile: str, file: str | None, seen: tuple[str, ...]) -> list:
+    """A profile's overrides; a ``profile: NAME`` entry in it starts from that profile's first."""
     if profile not in recipe.profiles:
         known = ", ".join(recipe.profiles) or "none defined"
-        raise ConfigError(f"unknown profile {profile!r} (profiles of this recipe: {known})", file=file)
-    return [(path.split("."), value) for path, value in recipe.profiles[profile].items()]
+        via = f" (named by profile {seen[-1]!r})" if seen else ""
+        raise ConfigError(f"unknown profile {profile!r}{via} (profiles of this recipe: {known})", file=file)
+    if profile in seen:
+        raise ConfigError(f"profiles name each other in a circle: {' -> '.join((*seen, profile))}", file=file)
+    entries = dict(recipe.profiles[profile])
+    base = entries.pop("profile", None)
+    inherited = _profile_chain(recipe, base, file, (*seen, profile)) if base is not None else []
+    return inherited + [(path.split("."), value) for path, value in entries.items()]
 
 
 def with_task_vocab(recipe: Recipe, task=None) -> Recipe:
