@@ -13,7 +13,7 @@ import pytest
 from xlstm_zoo import load_recipe
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.grid.expand import expand
-from xlstm_zoo.grid.report import build_report, write_report
+from xlstm_zoo.grid.report import build_report, fmt, write_report
 from xlstm_zoo.grid.runner import run_grid
 
 import toy_task
@@ -95,7 +95,8 @@ def test_run_report_and_skip_finished(tmp_path):
     group = report.groups[("small", "value")]
     assert len(group.values) == 2 and all(0 <= v <= 1 for v in group.values)
     text = report.markdown()
-    assert "| small | " in text and " ± " in text and "(n=2)" in text
+    assert "| small | " in text and " ± " in text
+    assert f"(seeds: {', '.join(fmt(v) for v in group.values)})" in text, "every seed's value is reported"
     files = write_report(report, tmp_path)
     assert {f.name for f in files} == {"report.md", "report.csv", "report.png"}
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

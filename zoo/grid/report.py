@@ -63,7 +63,8 @@ class Report:
             return ""
         parts = []
         if g.values:
-            parts.append(f"{fmt(g.mean)} ± {fmt(g.std)}" + (f" (n={len(g.values)})" if len(g.values) > 1 else ""))
+            seeds = f" (seeds: {', '.join(fmt(v) for v in g.values)})" if len(g.values) > 1 else ""
+            parts.append(f"{fmt(g.mean)} ± {fmt(g.std)}{seeds}")
         if g.failed:
             parts.append(f"failed {len(g.failed)}")
         if g.pending:
@@ -76,10 +77,10 @@ class Report:
         out = io.StringIO()
         writer = csv.writer(out)
         writer.writerow(["row", "column", "metric", "split", "mean", "std", "n", "failed", "pending", "paper",
-                         "paper_std", "errors"])
+                         "paper_std", "errors", "values"])
         for (row, column), g in self.groups.items():
             writer.writerow([row, column, self.metric, self.split, g.mean, g.std, len(g.values), len(g.failed),
-                             g.pending, g.paper, g.paper_std, " | ".join(g.failed)])
+                             g.pending, g.paper, g.paper_std, " | ".join(g.failed), " ".join(f"{v:.6g}" for v in g.values)])
         return out.getvalue()
 
 
