@@ -10,7 +10,7 @@ import xlstm_zoo
 from xlstm_zoo.gates import PowerLawInit, bias_values
 from xlstm_zoo.initialization import ROLES, parameter_roles
 from xlstm_zoo.recipe import shipped_recipes
-from xlstm_zoo.training.trainer import _param_groups
+from xlstm_zoo.training.trainer import param_groups
 
 
 def build(recipe="xlstm_1_1", *overrides):
@@ -118,7 +118,7 @@ def test_headwise_gate_projection_is_block_diagonal():
 
 def test_no_weight_decay_roles_leave_the_decay_group():
     model = build("xlstm_1_1", "tie_weights=false")
-    decay, rest = _param_groups(model, 0.1, ["embedding", "recurrent"])
+    decay, rest = param_groups(model, 0.1, ["embedding", "recurrent"])
     decayed = {id(p) for p in decay["params"]}
     assert id(model.embedding.weight) not in decayed and id(model.stack.blocks[1].cell.R) not in decayed
     assert id(model.head.weight) in decayed

@@ -36,10 +36,9 @@ from rich.progress import Progress
 import xlstm_zoo
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.grid.runner import progress_columns
-from xlstm_zoo.initialization import parameter_roles
 from xlstm_zoo.tasks.base import merge_scores
 from xlstm_zoo.training.schedule import lr_factor
-from xlstm_zoo.training.trainer import build_task as build_recipe_task
+from xlstm_zoo.training.trainer import build_task as build_recipe_task, param_groups
 
 
 @dataclass(frozen=True)
@@ -177,11 +176,7 @@ def build_learner(learner: Learner, setting: Setting, task):
     else:
         model_cfg["stack"]["blocks"]["m"]["cell"]["num_heads"] = heads
     model = xlstm_zoo.build(xlstm_zoo.load_recipe({"model": model_cfg}))
-    skip = set(learner.train.get("no_weight_decay", ()))
-    params = [(p, role) for p, role in parameter_roles(model).values()]
-    decay = [p for p, role in params if p.dim() >= 2 and role not in skip]
-    rest = [p for p, role in params if p.dim() < 2 or role in skip]
-    return model, [{"params": decay, "weight_decay": setting.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return model, param_groups(model, setting.weight_decay, learner.train.get("no_weight_decay", ()))
 
 
 @torch.no_grad()

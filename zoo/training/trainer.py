@@ -52,7 +52,8 @@ def _step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
-def _param_groups(model, weight_decay, no_decay_roles=()):
+def param_groups(model, weight_decay: float, no_decay_roles=()) -> list[dict]:
+    """AdamW groups: weight decay on matrices (2+ dims) except those whose init role is listed."""
     params = [(p, role) for p, role in parameter_roles(model).values() if p.requires_grad]
     decay = [p for p, role in params if p.dim() >= 2 and role not in no_decay_roles]
     rest = [p for p, role in params if p.dim() < 2 or role in no_decay_roles]
@@ -90,7 +91,7 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
     torch.manual_seed(cfg.seed)
     task = build_task(recipe)
     model = build_model_for(recipe, task).to(cfg.device)
-    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay, cfg.no_weight_decay), lr=cfg.lr, betas=cfg.betas)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), lr=cfg.lr, betas=cfg.betas)
     log = MetricsLog(run_dir / METRICS if run_dir else None)
 
     start = 0
