@@ -30,7 +30,7 @@ ROOT = "xlstm_zoo"
 # Lowest layer first; a module belongs to the first entry that is it or one of its parents.
 # Modules in no entry (the package root) belong to no layer and are never "upward".
 LAYERS = [
-    ["xlstm_zoo.errors", "xlstm_zoo.allocator"],
+    ["xlstm_zoo.errors", "xlstm_zoo.allocator", "xlstm_zoo.version"],
     ["xlstm_zoo.backends"],
     ["xlstm_zoo.registry"],
     ["xlstm_zoo.config"],
@@ -39,9 +39,10 @@ LAYERS = [
     ["xlstm_zoo.models"],
     ["xlstm_zoo.recipe", "xlstm_zoo.checkpoint"],
     ["xlstm_zoo.training", "xlstm_zoo.testing", "xlstm_zoo.export"],
-    ["xlstm_zoo.grid", "xlstm_zoo.bench", "xlstm_zoo.plugins", "xlstm_zoo.core_plugin", "xlstm_zoo.builtins"],
+    ["xlstm_zoo.grid", "xlstm_zoo.bench", "xlstm_zoo.plugins"],
     ["xlstm_zoo.commands"],
-    ["xlstm_zoo.cli"],
+    ["xlstm_zoo.core_plugin"],
+    ["xlstm_zoo.cli", "xlstm_zoo.wiring"],
 ]
 
 
@@ -122,18 +123,20 @@ def build_graph(repo: Path) -> Graph:
         tree = ast.parse(source, str(path))
         is_package = path.name == "__init__.py"
 
-        def visit(node, in_function: bool):
+        def visit(node, in_function: bool, reasoned: bool = False):
+            # ``reasoned``: inside a ``try:`` whose own line carries the comment (several optional imports)
+            reasoned = reasoned or (isinstance(node, ast.Try) and "#" in lines[node.lineno - 1])
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.If) and _is_type_checking(child.test):
                     for sub in child.orelse:
-                        visit_one(sub, in_function)
+                        visit_one(sub, in_function, reasoned)
                     continue
-                visit_one(child, in_function)
+                visit_one(child, in_function, reasoned)
 
-        def visit_one(child, in_function):
+        def visit_one(child, in_function, reasoned=False):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 if in_function:
-                    graph.function_imports.append((module, child.lineno, _has_reason(lines, child)))
+                    graph.function_imports.append((module, child.lineno, reasoned or _has_reason(lines, child)))
                 for target in _targets(child, module, is_package, modules):
                     if target == module:
                         continue
@@ -144,7 +147,7 @@ def build_graph(repo: Path) -> Graph:
                         graph.local_imports.append((module, child.lineno, target))
                 return
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            visit(child, inner)
+            visit(child, inner, reasoned)
 
         visit(tree, False)
     return graph

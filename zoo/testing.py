@@ -43,6 +43,10 @@ from pydantic import BaseModel
 from torch import nn
 
 from xlstm_zoo.config import BuildContext
+from xlstm_zoo.config import build
+from xlstm_zoo.errors import UnknownComponentError
+from xlstm_zoo.registry import registry
+from torch.autograd.gradcheck import GradcheckError
 
 __all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "check_cell_gradcheck", "check_component",
            "check_gate", "check_model", "check_norm", "check_sequence_module", "check_stack", "leaves"]
@@ -223,10 +227,6 @@ def _build(kind: str, config, ctx: BuildContext, builder: Callable | None):
                                                   f"got {type(config).__name__}")
     if builder is not None:
         return builder(config, ctx)
-    from xlstm_zoo.config import build
-    from xlstm_zoo.errors import UnknownComponentError
-    from xlstm_zoo.registry import registry
-
     try:
         registry.get(kind, config.type)
     except UnknownComponentError as err:
@@ -294,7 +294,6 @@ def check_cell_gradcheck(config, dim: int = 8, *, builder: Callable | None = Non
         y, final = cell(x, state, value_input=v)
         return (y, *leaves(final))
 
-    from torch.autograd.gradcheck import GradcheckError
 
     try:
         ok = torch.autograd.gradcheck(run, (x, v, *state_leaves), eps=1e-6, atol=1e-6, rtol=1e-4)
@@ -364,8 +363,6 @@ def check_backend(backend) -> Any:
     """A backend (or its registered name): a name, an ``ops`` mapping of callables, and
     ``unavailable_reason()`` returning None or a reason string."""
     if isinstance(backend, str):
-        from xlstm_zoo.registry import registry
-
         name, backend = backend, registry.instance("backend", backend)
         _require(backend.name == name, f"backend {name!r}", f"instance is named {backend.name!r}")
     what = f"backend {getattr(backend, 'name', backend)!r}"

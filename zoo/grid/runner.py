@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.grid.expand import Cell, expand
+from xlstm_zoo.training.trainer import train
 
 RESULT = "result.json"
 
@@ -59,8 +60,6 @@ def progress_columns() -> list:
 
 def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None) -> dict:
     """Run every cell that has no result yet; returns counts of finished/skipped/failed cells."""
-    from xlstm_zoo.training.trainer import train
-
     out_dir = Path(out_dir)
     cells = expand(recipe)
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))
