@@ -9,7 +9,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test clean
+.PHONY: demo test imports clean
 
 $(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -26,6 +26,10 @@ demo: $(VENV)/.runtime
 
 test: $(VENV)/.test
 	$(PY) -m pytest
+
+# The import contract in pyproject.toml (layers import only downward), over the whole package.
+imports: $(VENV)/.test
+	$(PY) tools/lint_imports.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache
