@@ -78,6 +78,12 @@ def component(kind: str, name: str, *, config: type[BaseModel], description: str
     return tag
 
 
+def tag_of(builder) -> dict | None:
+    """What :func:`component` recorded on a builder (kind, name, config, description), or None."""
+    tag = getattr(builder, _TAG, None)
+    return tag if isinstance(tag, dict) else None
+
+
 def tagged_components(namespace) -> list[Any]:
     """Every tagged builder defined in a module (in definition order)."""
     return [obj for obj in vars(namespace).values() if isinstance(getattr(obj, _TAG, None), dict)

@@ -42,10 +42,9 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from xlstm_zoo.config import BuildContext
-from xlstm_zoo.config import build
+from xlstm_zoo.config import BuildContext, build
 from xlstm_zoo.errors import UnknownComponentError
-from xlstm_zoo.registry import registry
+from xlstm_zoo.registry import registry, tag_of
 from torch.autograd.gradcheck import GradcheckError
 
 __all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "check_cell_gradcheck", "check_component",
@@ -54,6 +53,10 @@ __all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "ch
 DIM, BATCH, STEPS = 16, 2, 11
 TOL = dict(rtol=1e-4, atol=1e-4)
 EXTREME = 1e3
+
+
+PRECISION_HINT = ("compute in torch.promote_types(x.dtype, torch.float32) instead, so float64 stays float64 "
+                  "(half precisions still compute in float32)")
 
 
 class ConformanceError(AssertionError):
@@ -236,7 +239,13 @@ def _build(kind: str, config, ctx: BuildContext, builder: Callable | None):
 
 
 def _name(kind: str, config) -> str:
-    name = getattr(config, "type", None) or type(config).__name__
+    """``cell 'mingru'``: the registered name of a config or of a built module (its class's tag)."""
+    if isinstance(config, nn.Module):
+        tag = tag_of(type(config))
+        name = tag["name"] if tag else type(config).__name__
+    else:
+        name = getattr(config, "type", None)
+        name = name if isinstance(name, str) else type(config).__name__
     return f"{kind} {name!r}"
 
 
@@ -295,10 +304,15 @@ def check_cell_gradcheck(config, dim: int = 8, *, builder: Callable | None = Non
         return (y, *leaves(final))
 
 
+    y, _ = cell(x.detach(), value_input=v.detach())
+    _require(y.dtype == torch.float64, what, f"float64 inputs give {str(y.dtype).removeprefix('torch.')} outputs; "
+                                             f"{PRECISION_HINT}")
     try:
         ok = torch.autograd.gradcheck(run, (x, v, *state_leaves), eps=1e-6, atol=1e-6, rtol=1e-4)
     except GradcheckError as err:
-        raise ConformanceError(f"{what}: {err}") from None
+        detail = " ".join(str(err).split())
+        raise ConformanceError(f"{what}: analytical and numerical gradients differ; if the cell computes in float32 "
+                               f"(e.g. with .float()), {PRECISION_HINT} ({detail})") from None
     _require(ok, what, "analytical and numerical gradients differ")
 
 
