@@ -30,7 +30,7 @@ Not yet checked: ONNX export of the step. That check arrives with the export iss
 
 Shapes follow the registry-wide suite: ``dim=16``, batch 2, T=11 (odd, and not split evenly by
 the halves). Tolerances are fp32 ``rtol = atol = 1e-4`` (module-level comparisons accumulate a
-few fp32 roundings per op; DESIGN.md section 5's kernel-level bound).
+few fp32 roundings per op; the kernel-level bound of docs/testing.md).
 """
 
 from __future__ import annotations
