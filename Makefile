@@ -1,5 +1,5 @@
 # Two commands on a fresh machine:
-#   make demo   set up, then run the main job: the paper's state-tracking grid, quick profile
+#   make demo   set up, then run the main job: the paper's state-tracking claim (parity), demo profile
 #   make test   set up, then run the test suite
 # Both install into ./.venv (it sees packages already installed system-wide, so an existing
 # torch is reused). torch is pinned to the CPU wheel first, so pip never pulls a CUDA build.
@@ -9,7 +9,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test clean
+.PHONY: demo test imports clean
 
 $(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -26,6 +26,10 @@ demo: $(VENV)/.runtime
 
 test: $(VENV)/.test
 	$(PY) -m pytest
+
+# The import contract in pyproject.toml (layers import only downward), over the whole package.
+imports: $(VENV)/.test
+	$(PY) tools/lint_imports.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -1,61 +1,69 @@
 """Per-call choice of the implementation behind an op.
 
-Backends are registered components of kind ``backend`` (a builder returns a :class:`Backend`).
-For each call the dispatcher takes the highest-priority backend that is available and says it
-supports the op on that device, dtype and options. ``XLSTM_ZOO_BACKEND=name`` or a per-call
-``backend="name"`` forces one; forcing one that cannot serve the call is an error, never a
-silent fallback.
+The dispatcher chooses from its own :data:`BACKENDS` table. The table is filled from above: the
+package connects it to the component registry, where core and plugins register backends as
+components of kind ``backend`` (a builder returns a :class:`Backend`), so this module knows
+nothing of the registry or of plugins. For each call the dispatcher takes the highest-priority
+backend that is available and says it supports the op on that device, dtype and options (see
+:mod:`xlstm_zoo.backends.kernel` for the declarations behind that answer).
+``XLSTM_ZOO_BACKEND=name`` or a per-call ``backend="name"`` forces one; forcing one that cannot
+serve the call is an error, never a silent fallback.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
+from xlstm_zoo.backends.kernel import Backend
 from xlstm_zoo.errors import BackendError
+
+__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "select"]
 
 ENV_FORCE = "XLSTM_ZOO_BACKEND"
 
 
-@dataclass
-class Backend:
-    """A set of op implementations. Subclass and override the two hooks for kernels."""
+class BackendTable:
+    """The backends the dispatcher chooses from, by name.
 
-    name: str
-    ops: dict[str, Callable] = field(default_factory=dict)
-    priority: int = 0
-    description: str = ""
+    ``connect(source, stamp)`` hands it a function returning the current ``{name: Backend}`` and
+    one returning a number that changes whenever that answer may (the cache of choices is
+    dropped then). Unconnected, the table is empty."""
 
-    def unavailable_reason(self) -> str | None:
-        """None when usable on this machine, else why not (e.g. 'triton is not installed')."""
-        return None
+    def __init__(self):
+        self._source: Callable[[], Mapping[str, Backend]] = dict
+        self._stamp: Callable[[], int] = lambda: 0
 
-    def supports(self, op: str, device: torch.device, dtype: torch.dtype, **options) -> bool:
-        return op in self.ops
+    def connect(self, source: Callable[[], Mapping[str, Backend]], stamp: Callable[[], int]) -> None:
+        self._source, self._stamp = source, stamp
+        _cache.clear()
+
+    def backends(self) -> dict[str, Backend]:
+        return dict(self._source())
+
+    def stamp(self) -> int:
+        return self._stamp()
 
 
+BACKENDS = BackendTable()
 _cache: dict = {}
-_cache_version = -1
+_cache_stamp = None
 
 
 def _backends() -> dict[str, Backend]:
-    from xlstm_zoo.registry import registry
-
-    return {name: registry.instance("backend", name) for name in registry.names("backend")}
+    return BACKENDS.backends()
 
 
 def select(op: str, device: torch.device, dtype: torch.dtype, *, force: str | None = None, **options) -> Backend:
     """The backend that will run ``op`` for tensors on ``device`` with ``dtype``."""
-    global _cache_version
-    from xlstm_zoo.registry import registry
-
+    global _cache_stamp
     force = force or os.environ.get(ENV_FORCE) or None
-    if registry.version != _cache_version:
+    stamp = BACKENDS.stamp()
+    if stamp != _cache_stamp:
         _cache.clear()
-        _cache_version = registry.version
+        _cache_stamp = stamp
     key = (op, device.type, dtype, force, tuple(sorted(options.items())))
     if key not in _cache:
         _cache[key] = _select(op, device, dtype, force, options)

@@ -11,10 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
+from xlstm_zoo.backends.cpp.build import compiler
 from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, select
+from xlstm_zoo.backends.kernel import SHAPES
+from xlstm_zoo.backends.triton import triton_missing_reason
 from xlstm_zoo.errors import BackendError
 
-OPS = ("mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step", "lstm_sequence", "lstm_step")
+# Every op function a kernel can serve, in the declarations' order.
+OPS = tuple(dict.fromkeys(f"{op}_step" if form == "step" else f"{op}_sequence" for op, form in SHAPES))
 OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}}  # the cells' defaults
 
 
@@ -38,18 +42,16 @@ def machine_facts() -> list[tuple[str, str]]:
 
 
 def _triton_version() -> str:
-    from xlstm_zoo.backends.triton import triton_missing_reason
-
     reason = triton_missing_reason()
     if reason:
         return reason
-    import triton
+    import triton  # optional dependency, present here (checked just above)
 
     return triton.__version__
 
 
 def _nvcc() -> str:
-    from torch.utils.cpp_extension import CUDA_HOME
+    from torch.utils.cpp_extension import CUDA_HOME  # imports setuptools, which only building extensions needs
 
     path = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
     if not path or not os.path.exists(path):
@@ -63,8 +65,6 @@ def _nvcc() -> str:
 
 
 def _cxx() -> str:
-    from xlstm_zoo.backends.cpp.build import compiler
-
     found = compiler()
     return f"{found} (builds the cpp backend's sLSTM loop)" if found else "not found (install g++ or set CXX for the cpp backend)"
 

@@ -1,4 +1,4 @@
-"""Gate activation schemes, computed in log space (DESIGN.md section 3)."""
+"""Gate activation schemes, computed in log space."""
 
 from typing import NamedTuple
 

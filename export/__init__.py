@@ -15,19 +15,19 @@ import json
 import os
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.export import onnx as onnx_export
+from xlstm_zoo.export import validate as checks
 from xlstm_zoo.export.step_model import (NEXT, ExportError, PrefillModule, StepModule, StepSignature, TensorSpec,
                                          build_signature, named_state, prepare_model)
-
-if TYPE_CHECKING:
-    from xlstm_zoo.export.validate import Report
+from xlstm_zoo.export.tensorrt import trtexec_command
+from xlstm_zoo.export.validate import Report
 
 __all__ = ["DTYPES", "ExportError", "ExportResult", "NEXT", "StepModule", "StepSignature", "TensorSpec",
            "build_signature", "export_step", "named_state", "parse_batch", "versions"]
@@ -49,11 +49,11 @@ class ExportResult:
     batch: tuple[int, int, int]
     file_size: int
     histogram: Counter
-    report: "Report"                      # graph checks, TensorRT op check, onnxruntime vs PyTorch
+    report: Report                      # graph checks, TensorRT op check, onnxruntime vs PyTorch
     validation_batches: list[int] = field(default_factory=list)
     example_batch: int = 0
     prefill_path: Path | None = None
-    prefill_report: "Report | None" = None
+    prefill_report: Report | None = None
     versions: dict = field(default_factory=dict)
 
     @property
@@ -61,8 +61,6 @@ class ExportResult:
         return self.report.ok and (self.prefill_report is None or self.prefill_report.ok)
 
     def trtexec_command(self) -> str:
-        from xlstm_zoo.export.tensorrt import trtexec_command
-
         return trtexec_command(self.onnx_path, self.signature, self.batch)
 
 
@@ -128,9 +126,6 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     zero and a random state. Also written: ``{name}.json`` (names, shapes, zero-state values,
     opset, versions, validation). Check ``result.ok``; ``result.report`` has every number.
     """
-    from xlstm_zoo.export import onnx as onnx_export
-    from xlstm_zoo.export import validate as checks
-
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r} (known dtypes: {', '.join(DTYPES)})")
     batch = parse_batch(batch)
@@ -143,7 +138,7 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
         raise ConfigError(f"rollout_steps must be >= 0, got {rollout_steps}")
     out = writable_dir(out_dir)
     _check_toolchain()
-    import onnx
+    import onnx  # optional dependency (the onnx extra), present: checked just above
 
     torch_dtype = DTYPES[dtype]
     work = prepare_model(model, torch_dtype)
@@ -188,8 +183,6 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
 
 def _prefill_signature(signature: StepSignature, pre_module: PrefillModule, seq_len: int) -> StepSignature:
     """The step signature with a time axis of fixed length ``seq_len`` on the input (and the output)."""
-    from dataclasses import replace
-
     inp = replace(signature.input, name="tokens" if signature.kind == "token" else "x",
                   shape=(seq_len, *signature.input.shape))
     pre = replace(signature, input=inp)

@@ -11,13 +11,14 @@ import contextlib
 import io
 import json
 import logging
+import traceback
 import warnings
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-from xlstm_zoo.export.step_model import NEXT, ExportError, PrefillModule, StepModule, StepSignature
+from xlstm_zoo.export.step_model import NEXT, ExportError, PrefillModule, StepModule, StepSignature, component_name
 
 DEFAULT_OPSET = 18  # the opset torch's ONNX function library is written in: no version conversion
 MIN_OPSET = 18
@@ -51,7 +52,7 @@ def _quiet():
 def export_onnx(module: StepModule | PrefillModule, signature: StepSignature, path: Path, *,
                 batch: tuple[int, int, int], opset: int = DEFAULT_OPSET, metadata: dict | None = None) -> Path:
     """Trace ``module`` with torch.export and write it as ONNX to ``path`` (only the batch axis is dynamic)."""
-    import onnx
+    import onnx  # optional dependency (the onnx extra)
 
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old: the dynamo exporter writes opset {MIN_OPSET} or newer")
@@ -106,14 +107,10 @@ def _export_failure(source: str, err: Exception, log: str) -> str:
 
 def _culprit(err: BaseException) -> str:
     """`` in 'cell' (Class).step at file.py:42``: the last frame of model code in the error's traceback."""
-    import traceback
+    import onnxscript  # optional dependency (the onnx extra)
 
-    import onnxscript
-
-    import xlstm_zoo.export as ours
-    from xlstm_zoo.export.step_model import component_name
-
-    skip = [str(Path(m.__file__).parent) for m in (torch, onnxscript, ours)] + [str(Path(contextlib.__file__).parent)]
+    skip = [str(Path(m.__file__).parent) for m in (torch, onnxscript)] + [str(Path(__file__).parent),
+                                                                        str(Path(contextlib.__file__).parent)]
     best, seen, e = None, set(), err
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -163,7 +160,7 @@ def op_histogram(model) -> Counter:
 
 def graph_checks(model, signature: StepSignature, batch: tuple[int, int, int]) -> list[tuple[str, bool, str]]:
     """Structural checks of the exported graph: ``[(check, ok, detail)]``."""
-    import onnx
+    import onnx  # optional dependency (the onnx extra)
 
     graph = model.graph
     rows = []

@@ -23,6 +23,9 @@ import torch
 from torch import nn
 
 from xlstm_zoo.errors import ZooError
+from xlstm_zoo.blocks.base import ConvBlockState
+from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState
+from xlstm_zoo.cells.base import Cell
 
 NEXT = "next."
 
@@ -179,8 +182,6 @@ def _find_stack(model):
 
 
 def _block_leaves(block, state, prefix: str, out: list) -> None:
-    from xlstm_zoo.blocks.base import ConvBlockState
-
     cell = getattr(block, "cell", None)
     cell_prefix = _join(prefix, component_name(cell)) if cell is not None else prefix
     if isinstance(state, ConvBlockState):
@@ -216,8 +217,6 @@ def random_state_values(state, generator: torch.Generator):
     (``n >= 1`` after the first step), ``|c| <= n`` (``c / n`` is an average of ``tanh``),
     ``m`` normal, ``h`` in (-1, 1). LSTM: ``c`` normal, ``h = tanh(normal)``. Other tensors: normal.
     """
-    from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState
-
     def randn(t, scale=1.0):
         return torch.randn(t.shape, generator=generator, dtype=t.dtype) * scale
 
@@ -254,8 +253,6 @@ def _random_like(template, batch: int, generator: torch.Generator):
 
 def check_exportable(model: nn.Module) -> None:
     """Raise :class:`ExportError` naming the first component that has no recurrent step."""
-    from xlstm_zoo.cells.base import Cell
-
     for attr in ("step", "init_state"):
         if not callable(getattr(model, attr, None)):
             raise ExportError(f"{type(model).__name__} ({component_name(model)!r}) has no {attr}(); "

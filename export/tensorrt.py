@@ -66,7 +66,7 @@ def trtexec_command(onnx_path: str | Path, signature: StepSignature, batch: tupl
 def compile_torch_tensorrt(module: StepModule, signature: StepSignature, batch: tuple[int, int, int],
                            out_path: Path):
     """Compile the step module with torch-tensorrt and save it; returns the compiled module."""
-    import torch_tensorrt
+    import torch_tensorrt  # optional dependency (the tensorrt extra)
 
     module = module.cuda().eval()
     lo, opt, hi = batch
@@ -108,7 +108,7 @@ def rollout_torch_tensorrt(compiled, module: StepModule, signature: StepSignatur
 
 def build_engine_from_onnx(onnx_path: Path, signature: StepSignature, batch: tuple[int, int, int], engine_path: Path):
     """Parse the ONNX, add one optimisation profile for every input, build and save the engine."""
-    import tensorrt as trt
+    import tensorrt as trt  # optional dependency (the tensorrt extra)
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -138,7 +138,7 @@ def build_engine_from_onnx(onnx_path: Path, signature: StepSignature, batch: tup
 
 def rollout_engine(engine_path: Path, module: StepModule, signature: StepSignature, batch: int, steps: int):
     """Run the engine's step loop with ping-pong state buffers; max abs difference to PyTorch per tensor."""
-    import tensorrt as trt
+    import tensorrt as trt  # optional dependency (the tensorrt extra)
 
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     engine = runtime.deserialize_cuda_engine(engine_path.read_bytes())

@@ -31,6 +31,7 @@ from importlib import resources
 import numpy as np
 import torch
 
+from xlstm_zoo.export.onnx import op_histogram
 from xlstm_zoo.export.step_model import NEXT, StepModule, StepSignature
 
 # fp32: ORT and PyTorch run the same graph with different kernels (summation order, exp/tanh
@@ -116,7 +117,7 @@ def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> tuple
 # -- onnxruntime -------------------------------------------------------------------------------------
 
 def ort_session(path, threads: int | None = None):
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional dependency (the onnx extra)
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -336,8 +337,6 @@ def trt_supported_ops() -> dict:
 
 
 def check_trt_ops(model) -> TrtOpCheck:
-    from xlstm_zoo.export.onnx import op_histogram
-
     table = trt_supported_ops()
     known = table["operators"]
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

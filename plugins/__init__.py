@@ -10,7 +10,7 @@ A plugin is a module with a ``register_components(register)`` hook implementatio
 
 found through the ``xlstm_zoo`` entry-point group of an installed distribution, or named in
 ``XLSTM_ZOO_PLUGINS=mod1,mod2`` or ``xlstm-zoo --plugin MODULE``. The built-in components are
-registered by :mod:`xlstm_zoo.builtins` through this very hook. ``XLSTM_ZOO_DISABLE_PLUGINS=1``
+registered by :mod:`xlstm_zoo.core_plugin` through this very hook. ``XLSTM_ZOO_DISABLE_PLUGINS=1``
 switches every third-party plugin off (or a comma-separated list of names, just those);
 ``XLSTM_ZOO_STRICT_PLUGINS=1`` (``--strict-plugins``) turns every plugin warning into an error.
 
@@ -25,9 +25,12 @@ Plugin authors test their components with :mod:`xlstm_zoo.testing`.
 
 from __future__ import annotations
 
+from xlstm_zoo.plugins import status
 from xlstm_zoo.plugins.hookspecs import PROJECT, ZooHookSpecs, hookimpl, hookspec
-from xlstm_zoo.plugins.loader import ENV_DISABLE, ENV_PLUGINS, call_hook, load_plugins, plugin_manager
+from xlstm_zoo.plugins.loader import (ENV_DISABLE, ENV_PLUGINS, call_hook, load_modules, load_plugins,
+                                      plugin_manager)
 from xlstm_zoo.plugins.status import ENV_STRICT, PluginError, PluginInfo, PluginWarning
+from xlstm_zoo.registry import registry
 
 __all__ = ["ENV_DISABLE", "ENV_PLUGINS", "ENV_STRICT", "PROJECT", "PluginError", "PluginInfo", "PluginWarning",
            "ZooHookSpecs", "call_hook", "configure", "hookimpl", "hookspec", "load_plugins", "plugin_manager"]
@@ -38,10 +41,6 @@ def configure(*, strict: bool | None = None, modules: list[str] | tuple[str, ...
 
     ``strict=None`` leaves strict mode to ``XLSTM_ZOO_STRICT_PLUGINS``. ``modules`` are loaded
     with the other plugins, or at once if the registry has loaded its plugins already."""
-    from xlstm_zoo.plugins import status
-    from xlstm_zoo.plugins.loader import load_modules
-    from xlstm_zoo.registry import registry
-
     status.options.strict = strict
     status.options.modules = list(modules)
     if modules and registry.loaded:

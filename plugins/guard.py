@@ -6,7 +6,7 @@ Every builder a third-party plugin registers is wrapped:
   user's configuration mistake and passes through) becomes a one-line :class:`PluginError`
   naming the plugin's distribution, its version and the error; other components are untouched.
   A backend whose builder raises is instead reported once and replaced by an unavailable backend,
-  so the dispatcher falls back to the others (DESIGN.md section 4);
+  so the dispatcher falls back to the others;
 - the first time a plugin's cell, block, norm or gate is built in a process, its default config
   goes through :mod:`xlstm_zoo.testing` at the suite's small size (dim 16, T=11; cells without
   the float64 gradcheck). A failure is one warning naming the plugin (strict mode: an error); the
@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
+from xlstm_zoo import testing
+from xlstm_zoo.backends.kernel import Backend
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.plugins.status import PluginError, PluginInfo, describe, report
 
@@ -68,10 +72,6 @@ def run_check(entry, builder=None, *, full: bool = True) -> str:
     (no check for the kind, or the default config does not build at the check's size). Called
     without ``builder`` (``xlstm-zoo plugins --check``), it checks the plugin's own builder and
     the check on first build is then skipped."""
-    import torch
-
-    from xlstm_zoo import testing
-
     kind = entry.kind
     if builder is None:
         builder = entry.builder
@@ -105,8 +105,6 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 def unavailable_backend(name: str, reason: str):
     """A backend the dispatcher skips (forcing it is an error that gives ``reason``)."""
-    from xlstm_zoo.backends.dispatch import Backend
-
     class UnavailableBackend(Backend):
         def unavailable_reason(self) -> str | None:
             return reason

@@ -47,3 +47,17 @@ class ZooHookSpecs:
             raises :class:`xlstm_zoo.plugins.PluginError`). The registrations of a hook that
             raises are discarded as a whole.
         """
+
+    @hookspec
+    def register_commands(self, add_command):
+        """Add ``xlstm-zoo`` subcommands; core adds every built-in command through this hook.
+
+        Called right after the same plugin's :meth:`register_components` (a plugin may implement
+        either hook or both).
+
+        :param add_command: ``add_command(name, *, help, arguments, run, description=None,
+            override=False)``. ``arguments(parser)`` declares the command's arguments on its
+            ``argparse`` parser; ``run(args)`` runs it and returns the exit status (``None``
+            means 0); a :class:`xlstm_zoo.ZooError` it raises prints as one line with status 2.
+            A name already taken is reported like a conflicting component registration.
+        """

@@ -1,6 +1,6 @@
 """Finding plugins, loading each in isolation, and keeping account of what each registered.
 
-Order: core (:mod:`xlstm_zoo.builtins`), then the ``xlstm_zoo`` entry points of installed
+Order: core (:mod:`xlstm_zoo.core_plugin`, imported by name like any plugin), then the ``xlstm_zoo`` entry points of installed
 distributions sorted by distribution name, then the modules in ``XLSTM_ZOO_PLUGINS``
 (comma-separated), then ``--plugin`` modules. ``XLSTM_ZOO_DISABLE_PLUGINS=1`` skips every
 third-party plugin (they are listed as disabled); a comma-separated list of distribution, entry-point
@@ -25,12 +25,17 @@ import pluggy
 
 from xlstm_zoo.errors import RegistryError
 from xlstm_zoo.plugins import status
+from xlstm_zoo.plugins.guard import guard
 from xlstm_zoo.plugins.hookspecs import PROJECT, ZooHookSpecs
 from xlstm_zoo.plugins.status import CORE, PluginInfo, describe, report, strict
+from xlstm_zoo.registry import Command
+from xlstm_zoo.version import __version__
 
 ENV_PLUGINS = "XLSTM_ZOO_PLUGINS"
 ENV_DISABLE = "XLSTM_ZOO_DISABLE_PLUGINS"
 HOOK = "register_components"
+HOOKS = (HOOK, "register_commands")
+CORE_MODULE = "xlstm_zoo.core_plugin"  # imported by name: it imports every component, so nothing here imports it
 
 
 def plugin_manager() -> pluggy.PluginManager:
@@ -45,14 +50,11 @@ def load_plugins(registry, *, modules: list[str] | None = None) -> pluggy.Plugin
     ``modules`` are extra plugin modules (the CLI's ``--plugin``; default: those configured).
     Fills ``registry.plugins`` with a :class:`PluginInfo` per plugin.
     """
-    import xlstm_zoo
-    from xlstm_zoo import builtins
-
     pm = plugin_manager()
     registry.plugins = []
-    core = PluginInfo(CORE, CORE, xlstm_zoo.__version__, "core", builtins.__name__)
+    core = PluginInfo(CORE, CORE, __version__, "core", CORE_MODULE)
     registry.plugins.append(core)
-    _load_one(pm, registry, core, lambda: builtins)
+    _load_one(pm, registry, core, lambda: importlib.import_module(CORE_MODULE))
     candidates = _entry_point_plugins() + _module_plugins(_env_modules(), ENV_PLUGINS)
     candidates += _module_plugins(status.options.modules if modules is None else modules, "--plugin")
     _load_all(pm, registry, candidates)
@@ -156,22 +158,25 @@ def _load_one(pm: pluggy.PluginManager, registry, info: PluginInfo, load: Callab
         return report(info, f"invalid hook implementation: {' '.join(str(err).split())}", fatal=True)
     except ValueError as err:
         return report(info, f"cannot register with pluggy: {err}", fatal=True)
-    impls = [impl for impl in pm.hook.register_components.get_hookimpls() if impl.plugin is plugin]
+    impls = [(hook, impl) for hook in HOOKS for impl in getattr(pm.hook, hook).get_hookimpls() if impl.plugin is plugin]
     if not impls:
         unknown = [caller.name for caller in pm.get_hookcallers(plugin) or [] if caller.spec is None]
         hint = (f"it implements {', '.join(map(repr, unknown))}: a typo?" if unknown
                 else "did you forget the @hookimpl decorator (from xlstm_zoo.plugins import hookimpl)?")
         return report(info, f"{info.target} defines no {HOOK} hook implementation ({hint})", fatal=True)
     staged: list = []
+    commands: list = []
+    hook = HOOK
     try:
-        for impl in impls:
+        for hook, impl in impls:
             if impl.hookwrapper or impl.wrapper:
-                raise RegistryError(f"{HOOK} must be a plain hook implementation, not a wrapper")
-            call_hook(impl, register=_registrar(registry, info, staged))
+                raise RegistryError(f"{hook} must be a plain hook implementation, not a wrapper")
+            call_hook(impl, register=_registrar(registry, info, staged),
+                      add_command=_command_adder(registry, info, commands))
     except Exception as err:
         if info.is_core or (strict() and info.problems):
             raise
-        return report(info, f"{HOOK} raised {describe(err)}; none of its components are registered", fatal=True)
+        return report(info, f"{hook} raised {describe(err)}; none of its components are registered", fatal=True)
     if strict() and info.problems:  # the plugin caught the PluginError its register() raised
         report(info, info.problems[0])
     for entry, override in staged:
@@ -179,6 +184,9 @@ def _load_one(pm: pluggy.PluginManager, registry, info: PluginInfo, load: Callab
         info.registered.append(f"{entry.kind}:{entry.name}")
         if override:
             info.overrides.append(f"{entry.kind}:{entry.name}")
+    for command, override in commands:
+        registry.add_command(command, override=True)
+        info.registered.append(f"command:{command.name}")
     if info.status == "pending":
         info.status = "loaded"
 
@@ -192,8 +200,6 @@ def call_hook(impl, **kwargs):
 
 def _registrar(registry, info: PluginInfo, staged: list):
     """The ``register`` callback handed to one plugin's hook (see :mod:`xlstm_zoo.plugins.hookspecs`)."""
-    from xlstm_zoo.plugins.guard import guard
-
     def register(builder=None, *, kind=None, name=None, config=None, description=None, override=False):
         try:
             entry = registry.make_component(builder, kind=kind, name=name, config=config, description=description,
@@ -218,6 +224,28 @@ def _registrar(registry, info: PluginInfo, staged: list):
         return entry
 
     return register
+
+
+def _command_adder(registry, info: PluginInfo, staged: list):
+    """The ``add_command`` callback handed to one plugin's ``register_commands`` hook."""
+
+    def add_command(name, *, help, arguments, run, description=None, override=False):
+        try:
+            if not (isinstance(name, str) and name and all(ch.isalnum() or ch in "-_" for ch in name)) \
+                    or not callable(run) or not callable(arguments):
+                raise RegistryError(f"command {name!r}: needs a name, and callable arguments(parser) and run(args)")
+            taken = next((c for c, _ in staged if c.name == name), None) or registry.commands.get(name)
+            if taken is not None and not override:
+                raise RegistryError(f"command {name!r} is already registered by {taken.source}; {info.source} "
+                                    "registers it again. Pass override=True to replace it deliberately.")
+        except RegistryError as err:
+            report(info, str(err))
+            return None
+        command = Command(name, help, arguments, run, description, info.source)
+        staged.append((command, override))
+        return command
+
+    return add_command
 
 
 def _owner(registry, entry) -> PluginInfo | None:

@@ -1,6 +1,6 @@
 """Packaging: the wheel holds the whole product, triton stays optional, pyproject matches the tree.
 
-DESIGN.md section 1: one import namespace (``xlstm_zoo``) mapped from the folders ``zoo/``,
+docs/architecture.md: one import namespace (``xlstm_zoo``) mapped from the folders ``zoo/``,
 ``backends/``, ``plugins/``, ``export/`` (and the recipe data under ``recipes/``) with setuptools
 ``package-dir``; an editable install and a wheel install import identically; nothing generic is
 installed as a top-level module. Section 5: tests that install into a fresh virtual environment
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from venv_helpers import ROOT, make_venv, run, show, under
 
-# Source folder -> import name (DESIGN.md section 1).
+# Source folder -> import name (docs/architecture.md).
 CODE_FOLDERS = {
     "zoo": "xlstm_zoo",
     "backends": "xlstm_zoo.backends",

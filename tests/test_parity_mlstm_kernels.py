@@ -32,7 +32,7 @@ from xlstm_zoo.backends.reference.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.states import MLSTMState
 
 THEIR_GATES = GateSchemes("exponential", "sigmoid")
-# DESIGN.md section 5: kernels vs reference in fp32 ~1e-4.
+# docs/testing.md: kernels vs reference in fp32 ~1e-4.
 RTOL, ATOL = 1e-4, 1e-4
 OUR_FORMS = [("recurrent", 64), ("parallel", 64), ("chunkwise", 16), ("chunkwise", 5)]
 

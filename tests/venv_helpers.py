@@ -1,6 +1,6 @@
 """Fresh virtual environments for tests that install things (the wheel, example plugins).
 
-DESIGN.md section 5: such tests reuse the installed torch (``python -m venv
+docs/testing.md: such tests reuse the installed torch (``python -m venv
 --system-site-packages``) so nothing is downloaded; a ``.pth`` file adds the running
 interpreter's site-packages too (torch may live in a venv, e.g. the Makefile's ``.venv``, which
 ``--system-site-packages`` does not expose). pip runs with ``--no-index``: nothing is downloaded.

@@ -4,20 +4,11 @@
     model = xlstm_zoo.build(xlstm_zoo.load_recipe("xlstm_1_1", ["stack.num_blocks=4"]))
 """
 
-__version__ = "0.1.0"
+from xlstm_zoo.version import __version__
+from xlstm_zoo.errors import ConfigError, UnknownComponentError, ZooError
+from xlstm_zoo.registry import component, register, registry
+from xlstm_zoo import wiring  # noqa: F401  (plugin loading and the backend table, connected once)
+from xlstm_zoo.recipe import Recipe, build, load_recipe, shipped_recipes
 
-from xlstm_zoo.errors import ConfigError, UnknownComponentError, ZooError  # noqa: E402
-from xlstm_zoo.registry import component, register, registry  # noqa: E402
-
-__all__ = ["ConfigError", "Recipe", "UnknownComponentError", "ZooError", "build", "component", "load_recipe",
-           "register", "registry", "shipped_recipes"]
-
-
-def __getattr__(name):
-    # Recipes pull in torch modules; keep `import xlstm_zoo` (and the backends' imports of the
-    # registry) light and free of import cycles.
-    if name in ("Recipe", "build", "load_recipe", "shipped_recipes"):
-        from xlstm_zoo import recipe
-
-        return getattr(recipe, name)
-    raise AttributeError(f"module 'xlstm_zoo' has no attribute {name!r}")
+__all__ = ["ConfigError", "Recipe", "UnknownComponentError", "ZooError", "__version__", "build", "component",
+           "load_recipe", "register", "registry", "shipped_recipes"]

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.recipe import build, load_recipe
 
 FORMAT = 1
 
@@ -43,8 +44,6 @@ def save_checkpoint(path: str | Path, recipe, model: torch.nn.Module, **extra: A
 
 def load_checkpoint(path: str | Path, *, map_location="cpu") -> tuple[Any, torch.nn.Module, dict]:
     """``(recipe, model with the saved weights, the rest of the payload)``."""
-    from xlstm_zoo.recipe import build, load_recipe
-
     path = Path(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=False)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from xlstm_zoo.errors import ConfigError, UnknownComponentError
+from xlstm_zoo.registry import registry
 
 
 class ZooConfig(BaseModel):
@@ -53,14 +54,10 @@ class _ComponentField:
         )
 
     def __get_pydantic_json_schema__(self, schema, handler):
-        from xlstm_zoo.registry import registry
-
         options = [handler(c.config.__pydantic_core_schema__) for c in registry.find(self.kind)]
         return {"oneOf": options, "description": f"any registered {self.kind}, chosen by its `type`"}
 
     def validate(self, value: Any) -> BaseModel:
-        from xlstm_zoo.registry import registry
-
         if isinstance(value, str):  # shorthand: `norm: rmsnorm`
             value = {"type": value}
         if isinstance(value, BaseModel):
@@ -93,6 +90,11 @@ class _ComponentField:
                 "summary": "; ".join(f"{p}: {m}" if p else m for p, m, _ in flatten_errors(err)),
                 "errors": flatten_errors(err),
             }) from None
+
+
+def component_kind_of(field) -> str | None:
+    """The kind a ``Spec(kind)`` field holds (None for any other field)."""
+    return next((meta.kind for meta in field.metadata if isinstance(meta, _ComponentField)), None)
 
 
 def Spec(kind: str):  # noqa: N802 (reads as a type in field annotations)
@@ -163,7 +165,5 @@ class BuildContext:
 
 def build(config: BaseModel, ctx: BuildContext, kind: str):
     """Build the component a config names. Errors from the builder keep their recipe path."""
-    from xlstm_zoo.registry import registry
-
     entry = registry.get(kind, config.type, path=ctx.path)
     return entry.builder(config, ctx)

@@ -1,8 +1,9 @@
 """The component registry: the one source of truth for what can be named in a recipe.
 
 A component is (kind, name, pydantic config model, builder, one-line description). Built-ins and
-third-party plugins alike register through the plugin hook (:mod:`xlstm_zoo.plugins`); the
-registry loads them lazily on first use.
+third-party plugins alike register through the plugin hook (:mod:`xlstm_zoo.plugins`). The
+registry is a store and imports nothing of the package but its errors: what fills it on first
+use is handed to it from above (:func:`set_loader`; the package sets the plugin loader).
 
     @component("cell", "mycell", config=MyCellConfig, description="...")
     class MyCell(Cell): ...
@@ -21,6 +22,15 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from xlstm_zoo.errors import RegistryError, UnknownComponentError
+
+_loader: Callable[["Registry"], Any] | None = None
+
+
+def set_loader(loader: Callable[["Registry"], Any] | None) -> None:
+    """What fills a registry on its first lookup (called with the registry; None: nothing)."""
+    global _loader
+    _loader = loader
+
 
 KINDS = ("cell", "gate", "norm", "block", "stack", "model", "task", "backend")
 _TAG = "__zoo_component__"
@@ -45,6 +55,19 @@ class Component:
         return self.config()
 
 
+@dataclass(frozen=True)
+class Command:
+    """An ``xlstm-zoo`` subcommand: ``arguments(parser)`` declares its arguments on an
+    ``argparse`` parser, ``run(args)`` runs it and returns the exit status (None: 0)."""
+
+    name: str
+    help: str
+    arguments: Callable[[Any], None]
+    run: Callable[[Any], int | None]
+    description: str | None = None
+    source: str = "xlstm-zoo"
+
+
 def component(kind: str, name: str, *, config: type[BaseModel], description: str):
     """Tag a builder (usually a module class taking ``(config, ctx)``) as a component."""
 
@@ -53,6 +76,12 @@ def component(kind: str, name: str, *, config: type[BaseModel], description: str
         return builder
 
     return tag
+
+
+def tag_of(builder) -> dict | None:
+    """What :func:`component` recorded on a builder (kind, name, config, description), or None."""
+    tag = getattr(builder, _TAG, None)
+    return tag if isinstance(tag, dict) else None
 
 
 def tagged_components(namespace) -> list[Any]:
@@ -68,6 +97,7 @@ class Registry:
         self._loaded = False
         self._lock = threading.RLock()
         self.version = 0  # bumped on every change, so caches (e.g. backend choice) can invalidate
+        self.commands: dict[str, Command] = {}  # xlstm-zoo subcommands, in registration order
         # What each plugin (core included) did: ``xlstm_zoo.plugins.PluginInfo`` records, filled in
         # by the plugin loader; ``xlstm-zoo plugins`` shows them.
         self.plugins: list = []
@@ -128,16 +158,31 @@ class Registry:
             if self._loaded:
                 return
             self._loaded = True  # set first: plugins register through us while loading
-            from xlstm_zoo.plugins import load_plugins
-
+            if _loader is None:
+                return
             before = {kind: dict(names) for kind, names in self._components.items()}
+            commands_before = dict(self.commands)
             try:
-                load_plugins(self)
+                _loader(self)
             except BaseException:  # strict mode (or a bug in core): leave no half-loaded registry behind
                 self._components, self._loaded, self.plugins = before, False, []
+                self.commands = commands_before
                 self._instances.clear()
                 self.version += 1
                 raise
+
+    def load(self) -> None:
+        """Load core and the plugins now, if that has not happened yet (lookups do it anyway)."""
+        self._ensure_loaded()
+
+    def add_command(self, command: Command, *, override: bool = False) -> Command:
+        """Store a subcommand; a name taken by another is an error unless ``override``."""
+        existing = self.commands.get(command.name)
+        if existing is not None and not override:
+            raise RegistryError(f"command {command.name!r} is already registered by {existing.source}; "
+                                f"{command.source} registers it again. Pass override=True to replace it deliberately.")
+        self.commands[command.name] = command
+        return command
 
     def kinds(self) -> list[str]:
         self._ensure_loaded()

@@ -112,7 +112,10 @@ class Stack(nn.Module):
             new_state.append(block_state)
         return self.post_norm(x), tuple(new_state)
 
-    def step(self, x_t: torch.Tensor, state: tuple):
+    def step(self, x_t: torch.Tensor, state: tuple | None):
+        """One token; ``state=None`` means the zero state, as in :meth:`forward`."""
+        if state is None:
+            state = self.init_state(x_t.shape[0], x_t.device)
         new_state = []
         for block, block_state in zip(self.blocks, state):
             x_t, block_state = block.step(x_t, block_state)

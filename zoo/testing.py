@@ -30,7 +30,7 @@ Not yet checked: ONNX export of the step. That check arrives with the export iss
 
 Shapes follow the registry-wide suite: ``dim=16``, batch 2, T=11 (odd, and not split evenly by
 the halves). Tolerances are fp32 ``rtol = atol = 1e-4`` (module-level comparisons accumulate a
-few fp32 roundings per op; DESIGN.md section 5's kernel-level bound).
+few fp32 roundings per op; the kernel-level bound of docs/testing.md).
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from xlstm_zoo.config import BuildContext
+from xlstm_zoo.config import BuildContext, build
+from xlstm_zoo.errors import UnknownComponentError
+from xlstm_zoo.registry import registry, tag_of
+from torch.autograd.gradcheck import GradcheckError
 
 __all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "check_cell_gradcheck", "check_component",
            "check_gate", "check_model", "check_norm", "check_sequence_module", "check_stack", "leaves"]
@@ -50,6 +53,10 @@ __all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "ch
 DIM, BATCH, STEPS = 16, 2, 11
 TOL = dict(rtol=1e-4, atol=1e-4)
 EXTREME = 1e3
+
+
+PRECISION_HINT = ("compute in torch.promote_types(x.dtype, torch.float32) instead, so float64 stays float64 "
+                  "(half precisions still compute in float32)")
 
 
 class ConformanceError(AssertionError):
@@ -223,10 +230,6 @@ def _build(kind: str, config, ctx: BuildContext, builder: Callable | None):
                                                   f"got {type(config).__name__}")
     if builder is not None:
         return builder(config, ctx)
-    from xlstm_zoo.config import build
-    from xlstm_zoo.errors import UnknownComponentError
-    from xlstm_zoo.registry import registry
-
     try:
         registry.get(kind, config.type)
     except UnknownComponentError as err:
@@ -236,7 +239,13 @@ def _build(kind: str, config, ctx: BuildContext, builder: Callable | None):
 
 
 def _name(kind: str, config) -> str:
-    name = getattr(config, "type", None) or type(config).__name__
+    """``cell 'mingru'``: the registered name of a config or of a built module (its class's tag)."""
+    if isinstance(config, nn.Module):
+        tag = tag_of(type(config))
+        name = tag["name"] if tag else type(config).__name__
+    else:
+        name = getattr(config, "type", None)
+        name = name if isinstance(name, str) else type(config).__name__
     return f"{kind} {name!r}"
 
 
@@ -294,12 +303,16 @@ def check_cell_gradcheck(config, dim: int = 8, *, builder: Callable | None = Non
         y, final = cell(x, state, value_input=v)
         return (y, *leaves(final))
 
-    from torch.autograd.gradcheck import GradcheckError
 
+    y, _ = cell(x.detach(), value_input=v.detach())
+    _require(y.dtype == torch.float64, what, f"float64 inputs give {str(y.dtype).removeprefix('torch.')} outputs; "
+                                             f"{PRECISION_HINT}")
     try:
         ok = torch.autograd.gradcheck(run, (x, v, *state_leaves), eps=1e-6, atol=1e-6, rtol=1e-4)
     except GradcheckError as err:
-        raise ConformanceError(f"{what}: {err}") from None
+        detail = " ".join(str(err).split())
+        raise ConformanceError(f"{what}: analytical and numerical gradients differ; if the cell computes in float32 "
+                               f"(e.g. with .float()), {PRECISION_HINT} ({detail})") from None
     _require(ok, what, "analytical and numerical gradients differ")
 
 
@@ -364,8 +377,6 @@ def check_backend(backend) -> Any:
     """A backend (or its registered name): a name, an ``ops`` mapping of callables, and
     ``unavailable_reason()`` returning None or a reason string."""
     if isinstance(backend, str):
-        from xlstm_zoo.registry import registry
-
         name, backend = backend, registry.instance("backend", backend)
         _require(backend.name == name, f"backend {name!r}", f"instance is named {backend.name!r}")
     what = f"backend {getattr(backend, 'name', backend)!r}"

@@ -9,28 +9,21 @@ a second; cached per machine). Without a compiler the backend is unavailable; a 
 
 from __future__ import annotations
 
-import torch
-
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
-from xlstm_zoo.backends.dispatch import Backend
+from xlstm_zoo.backends.cpp.slstm import slstm_sequence
+from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
 
-__all__ = ["CppBackend", "CppBuildWarning", "cpp_backend"]
+__all__ = ["CppBackend", "CppBuildWarning", "KERNELS", "cpp_backend"]
 
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # halves compute in float32, as in fused
-
-
-def _slstm_sequence(*args, **kwargs):
-    from xlstm_zoo.backends.cpp.slstm import slstm_sequence
-
-    return slstm_sequence(*args, **kwargs)
+KERNELS = (
+    Kernel("slstm", "sequence", "cpp", slstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
+           notes="C++ forward loop, fused backward; halves compute in float32"),
+)
 
 
 class CppBackend(Backend):
     def unavailable_reason(self) -> str | None:
         return unavailable_reason()
-
-    def supports(self, op: str, device: torch.device, dtype: torch.dtype, **options) -> bool:
-        return op in self.ops and device.type == "cpu" and dtype in DTYPES
 
 
 def cpp_backend() -> Backend:
@@ -38,5 +31,5 @@ def cpp_backend() -> Backend:
         name="cpp",
         priority=15,
         description="sLSTM forward loop compiled from C++ for the CPU (built on first use; backward via the fused loop)",
-        ops={"slstm_sequence": _slstm_sequence},
+        kernels=KERNELS,
     )

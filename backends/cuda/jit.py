@@ -51,7 +51,7 @@ def environment_reason() -> str | None:
         return "torch was built without CUDA (torch.version.cuda is None); install a CUDA build of torch"
     if nvcc_path() is None:
         return "nvcc not found (set CUDA_HOME to a CUDA toolkit, or put nvcc on PATH)"
-    from torch.utils.cpp_extension import is_ninja_available
+    from torch.utils.cpp_extension import is_ninja_available  # imports setuptools, needed only to build
 
     if not is_ninja_available():
         return "ninja not found (pip install ninja); torch's just-in-time extension build needs it"
@@ -75,7 +75,7 @@ def build_directory() -> Path:
 
 def _build(directory: Path):
     """Compile and import the extension (torch's ninja build; it raises RuntimeError with the compiler output)."""
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import load  # imports setuptools, needed only to build
 
     directory.mkdir(parents=True, exist_ok=True)
     return load(name=EXTENSION_NAME, sources=[str(BINDING_SOURCE), str(KERNEL_SOURCE)],

@@ -9,24 +9,21 @@ Any device and dtype; the reference backend remains the ground truth it is teste
 
 from __future__ import annotations
 
-import torch
-
-from xlstm_zoo.backends.dispatch import Backend
 from xlstm_zoo.backends.fused.lstm import lstm_sequence
 from xlstm_zoo.backends.fused.slstm import slstm_sequence
+from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
 
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-
-class FusedBackend(Backend):
-    def supports(self, op: str, device: torch.device, dtype: torch.dtype, **options) -> bool:
-        return op in self.ops and dtype in DTYPES
+KERNELS = (
+    Kernel("slstm", "sequence", "fused", slstm_sequence, dtypes=FLOAT_DTYPES,
+           notes="hand-written backward; halves compute in float32"),
+    Kernel("lstm", "sequence", "fused", lstm_sequence, dtypes=FLOAT_DTYPES, notes="hand-written backward"),
+)
 
 
 def fused_backend() -> Backend:
-    return FusedBackend(
+    return Backend(
         name="fused",
         priority=10,
         description="pure PyTorch sLSTM/LSTM sequence loops with hand-written backward (any device)",
-        ops={"slstm_sequence": slstm_sequence, "lstm_sequence": lstm_sequence},
+        kernels=KERNELS,
     )

@@ -1,9 +1,20 @@
 """The pure-PyTorch reference backend: differentiable, any device, the ground truth for kernels."""
 
-from xlstm_zoo.backends.dispatch import Backend
+from xlstm_zoo.backends.kernel import Backend, Kernel
 from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.reference.slstm import slstm_sequence, slstm_step
+
+KERNELS = (
+    Kernel("mlstm", "chunkwise", "reference", mlstm_sequence, notes="linear in T; any chunk size"),
+    Kernel("mlstm", "parallel", "reference", mlstm_sequence, notes="T x T decay matrix"),
+    Kernel("mlstm", "recurrent", "reference", mlstm_sequence, notes="a loop of the step"),
+    Kernel("mlstm", "step", "reference", mlstm_step),
+    Kernel("slstm", "sequence", "reference", slstm_sequence),
+    Kernel("slstm", "step", "reference", slstm_step),
+    Kernel("lstm", "sequence", "reference", lstm_sequence),
+    Kernel("lstm", "step", "reference", lstm_step),
+)
 
 
 def reference_backend() -> Backend:
@@ -11,12 +22,5 @@ def reference_backend() -> Backend:
         name="reference",
         priority=0,
         description="pure PyTorch, differentiable, any device (ground truth for every other backend)",
-        ops={
-            "mlstm_sequence": mlstm_sequence,
-            "mlstm_step": mlstm_step,
-            "slstm_sequence": slstm_sequence,
-            "slstm_step": slstm_step,
-            "lstm_sequence": lstm_sequence,
-            "lstm_step": lstm_step,
-        },
+        kernels=KERNELS,
     )

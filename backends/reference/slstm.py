@@ -1,4 +1,4 @@
-"""Reference sLSTM: a plain loop over time of the stabilised cell (DESIGN.md section 3).
+"""Reference sLSTM: a plain loop over time of the stabilised cell.
 
 Zero state: ``c = n = h = 0``, ``m = -inf``. The first step then takes ``m = log i`` (``i' = 1``,
 ``f' = 0``), so ``n >= 1`` at every step without a branch on tensor values. An explicit state with

@@ -13,9 +13,9 @@ from functools import lru_cache
 
 import torch
 
-from xlstm_zoo.backends.dispatch import Backend
+from xlstm_zoo.backends.kernel import GPU_DTYPES, Backend, Kernel, Limit
 
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KERNEL_DTYPES = GPU_DTYPES
 KERNEL_CHUNK_SIZES = (16, 32, 64, 128)  # tl.dot tiles: powers of two, at least 16
 
 
@@ -25,7 +25,7 @@ def triton_missing_reason() -> str | None:
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install 'xlstm-zoo[triton]')"
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  (optional dependency: probed, not required)
     except Exception as err:  # a broken install must not stop dispatch
         return f"import triton failed: {type(err).__name__}: {err}"
     return None
@@ -36,34 +36,36 @@ def no_gpu_reason() -> str | None:
 
 
 def _mlstm_sequence(*args, **kwargs):
-    from xlstm_zoo.backends.triton.mlstm_chunkwise import mlstm_sequence
+    from xlstm_zoo.backends.triton.mlstm_chunkwise import mlstm_sequence  # imports triton (optional)
 
     return mlstm_sequence(*args, **kwargs)
 
 
 def _mlstm_step(*args, **kwargs):
-    from xlstm_zoo.backends.triton.mlstm_step import mlstm_step
+    from xlstm_zoo.backends.triton.mlstm_step import mlstm_step  # imports triton (optional)
 
     return mlstm_step(*args, **kwargs)
 
 
 def _slstm_sequence(*args, **kwargs):
-    from xlstm_zoo.backends.triton.slstm import slstm_sequence
+    from xlstm_zoo.backends.triton.slstm import slstm_sequence  # imports triton (optional)
 
     return slstm_sequence(*args, **kwargs)
+
+
+# Only the chunkwise form of the mLSTM has a kernel; the recurrent and parallel forms stay on the reference.
+KERNELS = (
+    Kernel("mlstm", "chunkwise", "triton", _mlstm_sequence, devices=("cuda",), dtypes=KERNEL_DTYPES,
+           limits=(Limit("chunk_size", allowed=KERNEL_CHUNK_SIZES, default=64),), notes="forward and backward"),
+    Kernel("mlstm", "step", "triton", _mlstm_step, devices=("cuda",), dtypes=KERNEL_DTYPES),
+    Kernel("slstm", "sequence", "triton", _slstm_sequence, devices=("cuda",), dtypes=KERNEL_DTYPES,
+           notes="forward and backward"),
+)
 
 
 class TritonBackend(Backend):
     def unavailable_reason(self) -> str | None:
         return triton_missing_reason() or no_gpu_reason()
-
-    def supports(self, op: str, device: torch.device, dtype: torch.dtype, **options) -> bool:
-        if op not in self.ops or device.type != "cuda" or dtype not in KERNEL_DTYPES:
-            return False
-        # Only the chunkwise form has a kernel; the recurrent and parallel forms stay on the reference.
-        if op == "mlstm_sequence":
-            return options.get("form", "chunkwise") == "chunkwise" and options.get("chunk_size", 64) in KERNEL_CHUNK_SIZES
-        return True
 
 
 def triton_backend() -> Backend:
@@ -71,5 +73,5 @@ def triton_backend() -> Backend:
         name="triton",
         priority=20,
         description="Triton kernels on CUDA GPUs: mLSTM chunkwise + step, sLSTM (fp32/bf16/fp16, fp32 states)",
-        ops={"mlstm_sequence": _mlstm_sequence, "mlstm_step": _mlstm_step, "slstm_sequence": _slstm_sequence},
+        kernels=KERNELS,
     )

@@ -25,12 +25,12 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from xlstm_zoo.backends.gating import GateSchemes, log_gate
-from xlstm_zoo.backends.reference.mlstm.step import initial_state
+from xlstm_zoo.backends.reference.mlstm.step import FLOOR_LOG_MAX, initial_state  # the reference readout's floor
+from xlstm_zoo.backends.triton.mlstm_chunkwise_bwd import backward as chunkwise_backward
 from xlstm_zoo.backends.states import MLSTMState
 
 CHUNK_SIZES = (16, 32, 64, 128)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-FLOOR_LOG_MAX = 80.0  # as the reference readout: floor exp(min(-m, 80))
 _FLOOR_LOG_MAX = tl.constexpr(FLOOR_LOG_MAX)  # kernels may only read constexpr globals
 
 
@@ -212,9 +212,7 @@ class _MLSTMChunkwise(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dh, dC_T, dn_T, dm_T):
-        from xlstm_zoo.backends.triton.mlstm_chunkwise_bwd import backward
-
-        grads = backward(ctx.saved_tensors, ctx.config, dh, dC_T, dn_T, dm_T)
+        grads = chunkwise_backward(ctx.saved_tensors, ctx.config, dh, dC_T, dn_T, dm_T)
         return (*grads, None, None, None, None)
 
 

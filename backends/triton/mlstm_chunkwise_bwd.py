@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xlstm_zoo.backends.triton.mlstm_chunkwise import FLOOR_LOG_MAX
+from xlstm_zoo.backends.reference.mlstm.step import FLOOR_LOG_MAX
 
 
 @triton.jit

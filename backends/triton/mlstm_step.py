@@ -23,12 +23,11 @@ import triton
 import triton.language as tl
 
 from xlstm_zoo.backends.gating import GateSchemes, log_gate
-from xlstm_zoo.backends.reference.mlstm.step import initial_state
+from xlstm_zoo.backends.reference.mlstm.step import FLOOR_LOG_MAX, initial_state  # the reference readout's floor
 from xlstm_zoo.backends.reference.mlstm.step import mlstm_step as reference_step
 from xlstm_zoo.backends.states import MLSTMState
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-FLOOR_LOG_MAX = 80.0  # as the reference readout: floor exp(min(-m, 80))
 _FLOOR_LOG_MAX = tl.constexpr(FLOOR_LOG_MAX)  # kernels may only read constexpr globals
 _TILE_ELEMS = 4096  # C elements per program per Dk tile (16 KiB fp32): enough bytes in flight per program
 

@@ -25,6 +25,9 @@ from typing import Any, Callable
 
 import torch
 
+from xlstm_zoo.backends import GateSchemes, mlstm_sequence
+from xlstm_zoo.recipe import build, load_recipe
+
 MLSTM_PROJ = "stack.blocks.m.cell.proj=blockdiag"  # = the official qkv_proj_blocksize=4 (our proj_blocksize default)
 SLSTM_PROJ = "stack.blocks.s.cell.proj=headwise"   # the official sLSTM layer's z/o projections are per head
 OFFICIAL_FFN_FACTOR = 1.3                         # FeedForwardConfig(proj_factor=1.3), rounded up to 64
@@ -93,7 +96,7 @@ class Case:
 
 def _official_xlstm():
     """The official ``xlstm`` classes, or BaselineUnavailable("not installed ...")."""
-    try:
+    try:  # the official package: an optional baseline (test extra)
         from xlstm.blocks.mlstm.block import mLSTMBlockConfig
         from xlstm.blocks.mlstm.layer import mLSTMLayerConfig
         from xlstm.blocks.slstm.block import sLSTMBlockConfig
@@ -109,7 +112,7 @@ def _official_xlstm():
 
 
 def _official_mlstm_kernel(name: str):
-    try:
+    try:  # an optional baseline (test extra)
         from mlstm_kernels.torch import get_mlstm_kernel
     except ImportError as err:
         raise BaselineUnavailable(f"not installed (mlstm_kernels: {err})") from None
@@ -155,8 +158,6 @@ def recipe_overrides(recipe: str, scale: Scale, num_blocks: int | None = None) -
 
 
 def our_model(recipe: str, scale: Scale, num_blocks: int | None = None):
-    from xlstm_zoo.recipe import build, load_recipe
-
     torch.manual_seed(scale.seed)
     return build(load_recipe(recipe, recipe_overrides(recipe, scale, num_blocks)))
 
@@ -241,8 +242,6 @@ def _qkvif(batch: int, heads: int, seq_len: int, head_dim: int, seed: int, requi
 
 
 def _our_mlstm(chunk_size: int):
-    from xlstm_zoo.backends import GateSchemes, mlstm_sequence
-
     gates = GateSchemes(input="exponential", forget="sigmoid")
     return lambda q, k, v, i, f: mlstm_sequence(q, k, v, i, f, gates=gates, chunk_size=chunk_size)[0]
 

@@ -1,4 +1,4 @@
-"""``post_up``: the sLSTM-style post-up-projection block (DESIGN.md section 3).
+"""``post_up``: the sLSTM-style post-up-projection block.
 
 pre-norm -> optional causal conv + SiLU feeding the gates -> cell (cell input and output gate from
 the pre-conv features) -> multi-head norm -> residual; then pre-norm -> gated MLP (proj factor

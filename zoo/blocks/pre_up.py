@@ -1,4 +1,4 @@
-"""``pre_up``: the mLSTM-style pre-up-projection block (DESIGN.md section 3).
+"""``pre_up``: the mLSTM-style pre-up-projection block.
 
 pre-norm -> up-project x2 into an inner branch and a gate branch z -> causal depthwise conv + SiLU
 on the inner branch -> cell (keys and gates from the conv path, values from the pre-conv inner

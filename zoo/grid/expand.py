@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.grid.config import GridConfig
+from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
 
 # Sections that describe the grid itself, not what a cell trains.
 GRID_ONLY = ("name", "description", "grid", "report", "profiles")
@@ -55,8 +55,6 @@ def expand(recipe) -> list[Cell]:
 
 
 def _resolve(recipe, variant, overrides, labels) -> Cell:
-    from xlstm_zoo.recipe import _validate, apply_override
-
     data = recipe.model_dump()
     late = [(keys, value) for keys, value in recipe._overrides if keys[0] not in GRID_ONLY]
     try:
@@ -65,7 +63,7 @@ def _resolve(recipe, variant, overrides, labels) -> Cell:
         for keys, value in late:
             apply_override(data, list(keys), value)
         data["grid"] = None
-        cell_recipe = _validate(data, f"{recipe._source or 'recipe'} (grid cell {_slug(labels)})")
+        cell_recipe = validate_recipe(data, f"{recipe._source or 'recipe'} (grid cell {_slug(labels)})")
         cell_recipe._source = recipe._source
         digest = recipe_digest(cell_recipe)
         return Cell(f"{_slug(labels)}-{digest[:8]}", labels, overrides, cell_recipe, digest)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.grid.config import PaperConfig, ReportConfig
+from xlstm_zoo.recipe import PaperConfig, ReportConfig
 from xlstm_zoo.grid.runner import RESULT
 
 
@@ -181,7 +181,7 @@ def write_report(report: Report, run_dir: str | Path) -> list[Path]:
 
 
 def _plot(report: Report) -> bytes | None:
-    try:
+    try:  # optional dependency (the plot extra)
         import matplotlib
 
         matplotlib.use("Agg")

@@ -16,15 +16,21 @@ renamed into place.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Callable
 
+import torch
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.grid.expand import Cell, expand
+from xlstm_zoo.recipe import load_recipe
+from xlstm_zoo.training.trainer import train
 
 RESULT = "result.json"
 
@@ -58,11 +64,12 @@ def progress_columns() -> list:
 
 
 def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None,
-             jobs: int = 1, plugin_modules: tuple[str, ...] = ()) -> dict:
+             jobs: int = 1, worker_setup: Callable[[], None] | None = None) -> dict:
     """Run every cell that has no result yet; returns counts of finished/skipped/failed cells.
 
     ``jobs > 1`` trains that many cells at once in worker processes (``spawn``ed, each with
-    ``cores // jobs`` torch threads; ``plugin_modules`` are the ``--plugin`` modules they load).
+    ``cores // jobs`` torch threads, each calling the picklable ``worker_setup`` first: the command
+    line passes its ``--plugin`` loading there).
     Small models gain most: their training steps are too short to keep two cores busy.
     """
     out_dir = Path(out_dir)
@@ -83,7 +90,7 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
                 record(run_cell(cell, out_dir, progress=progress))
                 progress.advance(overall)
         else:
-            _run_parallel(todo, out_dir, jobs, plugin_modules, progress, overall, record)
+            _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record)
     return counts
 
 
@@ -98,8 +105,6 @@ def run_cell(cell: Cell, out_dir: Path, *, progress=None) -> dict:
     """Train one cell in ``out_dir/cells/<id>`` (resuming from its checkpoint) and write its
     ``result.json`` last, atomically. Every executor runs cells through this function, so skip,
     resume and failure recording are the same everywhere. A cell's own error is recorded, not raised."""
-    from xlstm_zoo.training.trainer import train  # training imports the grid's progress columns
-
     cell_dir = out_dir / "cells" / cell.id
     started = time.time()
     if cell.error:
@@ -117,16 +122,11 @@ def run_cell(cell: Cell, out_dir: Path, *, progress=None) -> dict:
     return result
 
 
-def _run_parallel(todo, out_dir, jobs, plugin_modules, progress, overall, record) -> None:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    import torch
-
+def _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record) -> None:
     threads = max(1, torch.get_num_threads() // jobs)
     context = multiprocessing.get_context("spawn")  # no fork: torch's thread pools do not survive it
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
-                             initargs=(threads, tuple(plugin_modules))) as pool:
+                             initargs=(threads, worker_setup)) as pool:
         futures = {pool.submit(_worker_run_cell, _portable(cell), str(out_dir)): cell for cell in todo}
         progress.update(overall, info=f"{jobs} cells at a time, {threads} thread(s) each")
         try:
@@ -147,19 +147,13 @@ def _portable(cell: Cell) -> Cell:
     return Cell(cell.id, cell.labels, cell.overrides, data, cell.digest, cell.error)
 
 
-def _worker_init(threads: int, plugin_modules: tuple[str, ...]) -> None:
-    import torch
-
+def _worker_init(threads: int, worker_setup: Callable[[], None] | None) -> None:
     torch.set_num_threads(threads)
-    if plugin_modules:  # the parent's --plugin modules; entry points and XLSTM_ZOO_PLUGINS load as usual
-        from xlstm_zoo.plugins import configure
-
-        configure(strict=None, modules=list(plugin_modules))
+    if worker_setup is not None:
+        worker_setup()
 
 
 def _worker_run_cell(cell: Cell, out_dir: str) -> dict:
-    from xlstm_zoo.recipe import load_recipe
-
     if cell.recipe is not None:
         cell.recipe = load_recipe(cell.recipe)
     return run_cell(cell, Path(out_dir))

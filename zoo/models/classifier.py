@@ -62,7 +62,7 @@ class Classifier(nn.Module):
             h = h.mean(1)
         return self.head(h), state
 
-    def step(self, x_t: torch.Tensor, state: tuple):
+    def step(self, x_t: torch.Tensor, state: tuple | None):
         """One token (``[B]``) or vector (``[B, input_dim]``) -> per-token logits ``[B, classes]``, state."""
         h, state = self.stack.step(self.embed(x_t), state)
         return self.head(h), state

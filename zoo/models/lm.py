@@ -51,8 +51,8 @@ class CausalLM(nn.Module):
         h, state = self.stack(self.embedding(tokens), state)
         return self.head(h), state
 
-    def step(self, token: torch.Tensor, state: tuple):
-        """``token [B]`` -> ``logits [B, vocab]``, next state."""
+    def step(self, token: torch.Tensor, state: tuple | None):
+        """``token [B]`` -> ``logits [B, vocab]``, next state (``state=None``: the zero state)."""
         h, state = self.stack.step(self.embedding(token), state)
         return self.head(h), state
 

@@ -20,6 +20,7 @@ from xlstm_zoo.initialization import parameter_roles
 from xlstm_zoo.tasks.base import Task, merge_scores
 from xlstm_zoo.training.metrics import MetricsLog
 from xlstm_zoo.training.schedule import lr_factor
+from xlstm_zoo.recipe import build, with_task_vocab
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -37,8 +38,6 @@ def build_task(recipe) -> Task:
 
 
 def build_model_for(recipe, task: Task) -> torch.nn.Module:
-    from xlstm_zoo.recipe import build, with_task_vocab
-
     recipe = with_task_vocab(recipe, task)
     vocab = getattr(recipe.model, "vocab_size", None)
     if vocab is not None and vocab < task.vocab_size:

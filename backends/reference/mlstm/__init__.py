@@ -1,4 +1,4 @@
-"""Reference mLSTM ops in pure PyTorch: recurrent, parallel and chunkwise forms (DESIGN.md section 3).
+"""Reference mLSTM ops in pure PyTorch: recurrent, parallel and chunkwise forms.
 
 All three forms compute the same function, differentiable with plain autograd (inputs and the
 initial state). Inputs are cast to ``promote_types(v.dtype, float32)`` (fp32 for half precision,

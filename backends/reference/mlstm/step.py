@@ -15,7 +15,7 @@ from xlstm_zoo.backends.states import MLSTMState
 
 # exp(-m) overflows fp32 for m < -88.7; a floor of inf turns the backward of max() into 0 * inf = NaN.
 # Clamping -m at 80 only changes outputs whose true size is already below ~exp(-80) ~ 1e-35.
-_FLOOR_LOG_MAX = 80.0
+FLOOR_LOG_MAX = 80.0
 
 
 def compute_dtype(v: torch.Tensor) -> torch.dtype:
@@ -25,7 +25,7 @@ def compute_dtype(v: torch.Tensor) -> torch.dtype:
 
 def readout_floor(m: torch.Tensor) -> torch.Tensor:
     """``exp(-m)``: the stabilised image of the paper's ``max(|n.q|, 1)`` floor, overflow-safe."""
-    return torch.exp(torch.clamp(-m, max=_FLOOR_LOG_MAX))
+    return torch.exp(torch.clamp(-m, max=FLOOR_LOG_MAX))
 
 
 def readout(num: torch.Tensor, qn: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:

@@ -14,15 +14,18 @@ from __future__ import annotations
 import fnmatch
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
+from xlstm_zoo.bench.cases import SCALES, make_cases
+from xlstm_zoo.bench.runner import header, legend, machine_info, render_table, run_cases, write_results
 from xlstm_zoo.errors import ZooError
+from xlstm_zoo.registry import Command
 
 REPEATS = {"full": 5, "quick": 2, "smoke": 1}
 
 
-def add_commands(sub) -> None:
-    c = sub.add_parser("bench", help="benchmark ours vs the official xlstm / mlstm_kernels packages (CPU, same run)")
+def _arguments(c) -> None:
     c.add_argument("--quick", action="store_true",
                    help="fewer repeats and sweep points (T=256,1024,4096); official generation only to position 1,000")
     c.add_argument("--smoke", action="store_true", help="tiny shapes: checks that every case runs; the numbers mean nothing")
@@ -34,7 +37,6 @@ def add_commands(sub) -> None:
                    help="torch intra-op threads for both sides (default: torch's choice; 1 is steadier on a shared machine)")
     c.add_argument("--out", help="directory for results.json and results.md (default runs/bench[-quick])")
     c.add_argument("--list", action="store_true", help="list the case names and exit")
-    c.set_defaults(run=cmd_bench)
 
 
 def select(cases, patterns: list[str]):
@@ -49,9 +51,6 @@ def select(cases, patterns: list[str]):
 
 
 def cmd_bench(args) -> int:
-    from xlstm_zoo.bench.cases import SCALES, make_cases
-    from xlstm_zoo.bench.runner import header, legend, machine_info, render_table, run_cases, write_results
-
     if args.quick and args.smoke:
         raise ZooError("--quick and --smoke exclude each other")
     scale = SCALES["smoke" if args.smoke else "quick" if args.quick else "full"]
@@ -65,8 +64,6 @@ def cmd_bench(args) -> int:
             out.print(f"{case.name}  [dim]({case.group}; {case.shapes})[/]", highlight=False, soft_wrap=True)
         return 0
     if args.threads is not None:
-        import torch
-
         torch.set_num_threads(args.threads)
     info = machine_info(scale, repeats)
     err = Console(stderr=True)
@@ -83,3 +80,8 @@ def cmd_bench(args) -> int:
         err.print(f"[red]{len(failed)} case(s) failed on our side:[/] {', '.join(failed)}")
     return 1 if failed else 0
 
+
+COMMANDS = (
+    Command("bench", "benchmark ours vs the official xlstm / mlstm_kernels packages (CPU, same run)", _arguments,
+            cmd_bench),
+)

@@ -1,4 +1,4 @@
-"""The `train:` section of a recipe."""
+"""The `train:` section of a recipe (read by :mod:`xlstm_zoo.training`)."""
 
 from __future__ import annotations
 

@@ -17,13 +17,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from xlstm_zoo.checkpoint import load_checkpoint
+from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.export import DTYPES, StepModule, export_step, parse_batch, versions
+from xlstm_zoo.export import tensorrt as trt_export
+from xlstm_zoo.export.step_model import prepare_model
+from xlstm_zoo.export.validate import TOLERANCES
+from xlstm_zoo.recipe import build, load_recipe
+from xlstm_zoo.registry import Command
+
 FORMATS = ("onnx", "tensorrt")
 
 
-def add_parser(sub) -> None:
-    c = sub.add_parser("export", help="export a model's recurrent step to ONNX (validated with onnxruntime) or TensorRT",
-                       description="Export the step model (token and every state in; logits and every new state out) "
-                                   "of a recipe (random weights) or a checkpoint (trained weights), and validate it.")
+def _arguments(c) -> None:
     c.add_argument("source", metavar="RECIPE_OR_CHECKPOINT",
                    help="a recipe file, a shipped recipe name (see `xlstm-zoo recipes`), or a checkpoint file")
     c.add_argument("--format", dest="fmt", default="onnx", metavar="FORMAT", help="onnx (default) or tensorrt")
@@ -41,20 +52,12 @@ def add_parser(sub) -> None:
                    help="also export and validate a prefill model taking T tokens at once")
     c.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads for onnxruntime and the PyTorch reference while validating")
-    c.set_defaults(run=run)
 
 
 def load_model(source: str, overrides: list[str]):
     """``(name, model)`` from a checkpoint file (trained weights) or a recipe (random weights)."""
-    import torch
-
-    from xlstm_zoo.errors import ConfigError
-    from xlstm_zoo.recipe import build, load_recipe
-
     path = Path(source)
     if path.is_file() and path.suffix.lower() not in (".yaml", ".yml"):
-        from xlstm_zoo.checkpoint import load_checkpoint
-
         if overrides:
             raise ConfigError("--set changes a recipe; a checkpoint's weights only fit the recipe stored with them",
                               file=str(path))
@@ -66,12 +69,6 @@ def load_model(source: str, overrides: list[str]):
 
 
 def run(args) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-
-    from xlstm_zoo.errors import ConfigError
-    from xlstm_zoo.export import export_step, parse_batch, versions
-
     out = Console(width=200, soft_wrap=False) if not sys.stdout.isatty() else Console()
     fmt = args.fmt.lower()
     if fmt not in FORMATS:
@@ -101,8 +98,6 @@ def run(args) -> int:
 
 
 def print_result(result, out) -> None:
-    from rich.table import Table
-
     sig = result.signature
     out.print(f"opset {result.opset}, compute dtype {result.dtype}, states float32, batch min/opt/max "
               f"{'/'.join(map(str, result.batch))} (traced at {result.example_batch}); "
@@ -129,8 +124,6 @@ def print_result(result, out) -> None:
 
 
 def _checks_table(out, title, rows) -> None:
-    from rich.table import Table
-
     table = Table("check", "result", "detail", title=title)
     for check, ok, detail in rows:
         table.add_row(check, "pass" if ok else "[red]FAIL", detail)
@@ -138,8 +131,6 @@ def _checks_table(out, title, rows) -> None:
 
 
 def _validation_table(out, report, title) -> None:
-    from rich.table import Table
-
     if not report.rows:
         out.print(f"{title}: not run")
         return
@@ -158,8 +149,6 @@ def _validation_table(out, report, title) -> None:
 
 def _tensorrt(result, model, out) -> bool:
     """Build and check the TensorRT artefacts where possible; else one line and the trtexec command."""
-    from xlstm_zoo.export import tensorrt as trt_export
-
     command = result.trtexec_command()
     reason = trt_export.unavailable_reason("torch_tensorrt")
     if reason:
@@ -167,10 +156,6 @@ def _tensorrt(result, model, out) -> bool:
                   f"build the engine where TensorRT runs with:", highlight=False, markup=False, soft_wrap=True)
         out.print(command, highlight=False, markup=False, soft_wrap=True)
         return True
-    from xlstm_zoo.export import DTYPES, StepModule
-    from xlstm_zoo.export.step_model import prepare_model
-    from xlstm_zoo.export.validate import TOLERANCES
-
     work = prepare_model(model, DTYPES[result.dtype]).cuda()
     module = StepModule(work, result.signature).eval()
     atol = TOLERANCES[result.dtype]["rollout"][0] * 10  # GPU kernels vs CPU reference
@@ -209,3 +194,10 @@ def _size(n: int) -> str:
 
 def _shape(spec) -> str:
     return "[" + ", ".join(["batch", *map(str, spec.shape)]) + f"] {str(spec.dtype).removeprefix('torch.')}"
+
+
+COMMANDS = (
+    Command("export", "export a model's recurrent step to ONNX (validated with onnxruntime) or TensorRT", _arguments, run,
+            description="Export the step model (token and every state in; logits and every new state out) of a recipe "
+                        "(random weights) or a checkpoint (trained weights), and validate it."),
+)

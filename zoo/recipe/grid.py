@@ -1,4 +1,4 @@
-"""The `grid:` and `report:` sections of a recipe."""
+"""The `grid:` and `report:` sections of a recipe (read by :mod:`xlstm_zoo.grid`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,119 @@
+"""The main job's commands: ``train``, ``grid`` and ``report``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+from xlstm_zoo.commands.output import show, table
+from xlstm_zoo.commands.recipes import RECIPE_HELP
+from xlstm_zoo.grid.expand import expand
+from xlstm_zoo.grid.report import build_report, write_report
+from xlstm_zoo.grid.runner import progress_columns, read_result, run_grid
+from xlstm_zoo.plugins import configure
+from xlstm_zoo.recipe import load_recipe
+from xlstm_zoo.registry import Command
+from xlstm_zoo.training.trainer import train
+
+SET_HELP = "override a field, e.g. --set train.steps=100 (repeatable; applied after --profile)"
+
+
+def _recipe_arguments(parser, profile_help: str) -> None:
+    parser.add_argument("recipe", help=RECIPE_HELP)
+    parser.add_argument("--profile", help=profile_help)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help=SET_HELP)
+
+
+def _train_arguments(parser) -> None:
+    _recipe_arguments(parser, "a named profile of the recipe, e.g. quick")
+    parser.add_argument("--out", help="run directory for metrics.jsonl and checkpoint.pt (default: none)")
+
+
+def _grid_arguments(parser) -> None:
+    _recipe_arguments(parser, "a named profile of the recipe, e.g. quick or full")
+    parser.add_argument("--out", help="run directory (default: runs/<recipe name>[-<profile>])")
+    parser.add_argument("--dry-run", action="store_true", help="list the cells and their state, run nothing")
+    parser.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                        help="train N cells at once in worker processes (default 1; small models: one per core)")
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _report_arguments(parser) -> None:
+    parser.add_argument("run_dir", help="the grid's run directory")
+
+
+def _load(args):
+    return load_recipe(args.recipe, args.overrides, profile=args.profile)
+
+
+def cmd_train(args) -> int:
+    recipe = _load(args)
+    with Progress(*progress_columns(), console=Console(stderr=True)) as progress:
+        result = train(recipe, args.out, progress=progress, description=recipe.name or "training")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def default_out(recipe, profile: str | None) -> Path:
+    name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in (recipe.name or "grid"))
+    return Path("runs") / (f"{name}-{profile}" if profile else name)
+
+
+def cmd_grid(args) -> int:
+    recipe = _load(args)
+    out = Path(args.out) if args.out else default_out(recipe, args.profile)
+    if args.dry_run:
+        cells = expand(recipe)
+
+        rows = table("cell", "overrides", "state", title=f"{len(cells)} cells -> {out}")
+        for cell in cells:
+            result = read_result(out / "cells" / cell.id)
+            state = ("invalid: " + cell.error) if cell.error else (
+                result["status"] if result and result.get("digest") == cell.digest else "to run")
+            rows.add_row(cell.id, ", ".join(f"{p}={v}" for p, v in cell.overrides), state)
+        show(rows)
+        return 0
+    plugins = list(getattr(args, "plugins", []))  # --plugin modules: workers load them too
+    setup = functools.partial(configure, strict=None, modules=plugins) if plugins else None
+    counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs, worker_setup=setup)
+    report = build_report(out)
+    files = write_report(report, out)
+    sys.stdout.write(report.markdown())
+    Console(stderr=True).print(f"{counts['ran']} cells ran, {counts['skipped']} already done, "
+                               f"{counts['failed']} failed; wrote {_written(files)}")
+    return 1 if counts["failed"] else 0
+
+
+def cmd_report(args) -> int:
+    report = build_report(args.run_dir)
+    files = write_report(report, args.run_dir)
+    sys.stdout.write(report.markdown())
+    Console(stderr=True).print(f"wrote {_written(files)}")
+    return 0
+
+
+def _written(files) -> str:
+    names = ", ".join(str(f) for f in files)
+    if not any(f.suffix == ".png" for f in files):
+        names += " (no report.png: matplotlib is not installed; pip install 'xlstm-zoo[plot]')"
+    return names
+
+
+COMMANDS = (
+    Command("train", "train a recipe's model on its task (resumes from --out if interrupted)", _train_arguments,
+            cmd_train),
+    Command("grid", "run (or --dry-run list) the ablation grid a recipe declares", _grid_arguments, cmd_grid),
+    Command("report", "tabulate a grid run: markdown table, report.csv and report.png", _report_arguments, cmd_report),
+)

@@ -1,0 +1,49 @@
+"""The core plugin: registers every built-in component through the same hook as third parties.
+
+The plugin loader imports it by name, first (:data:`xlstm_zoo.plugins.loader.CORE_MODULE`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import create_model
+
+from xlstm_zoo import gates, norms, stacks
+from xlstm_zoo.backends.catalog import BUILTIN_BACKENDS
+from xlstm_zoo.blocks import mlstm_7b, plain, post_up, pre_up, residual
+from xlstm_zoo.cells import lstm, mlstm, slstm
+from xlstm_zoo.commands import bench, components, doctor, export, main_job, plugins, recipes
+from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.models import classifier, lm
+from xlstm_zoo.plugins.hookspecs import hookimpl
+from xlstm_zoo.registry import tagged_components
+from xlstm_zoo.tasks import formal_cf, formal_cs, formal_regular, retrieval, text
+
+COMMAND_MODULES = (components, recipes, main_job, bench, plugins, doctor, export)
+COMPONENT_MODULES = (lstm, slstm, mlstm, gates, norms, plain, residual, pre_up, post_up, mlstm_7b, stacks, lm,
+                     classifier, formal_regular, formal_cf, formal_cs, retrieval, text)
+
+
+def backend_config(name: str) -> type[ZooConfig]:
+    """The (field-less) config of a built-in backend: ``type: <name>``."""
+    return create_model(f"{name.capitalize()}BackendConfig", __base__=ZooConfig, type=(Literal[name], name))
+
+
+@hookimpl
+def register_components(register):
+    for module in COMPONENT_MODULES:
+        for builder in tagged_components(module):
+            register(builder)
+    for make in BUILTIN_BACKENDS:
+        backend = make()
+        register(kind="backend", name=backend.name, config=backend_config(backend.name),
+                 builder=lambda config, make=make: make(), description=backend.description)
+
+
+@hookimpl
+def register_commands(add_command):
+    for module in COMMAND_MODULES:
+        for command in module.COMMANDS:
+            add_command(command.name, help=command.help, arguments=command.arguments, run=command.run,
+                        description=command.description)
