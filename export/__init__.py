@@ -24,7 +24,7 @@ from torch import nn
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.export import onnx as onnx_export
 from xlstm_zoo.export import validate as checks
-from xlstm_zoo.export.step_model import (NEXT, ExportError, PrefillModule, StepModule, StepSignature, TensorSpec,
+from xlstm_zoo.export.step_model import (NEXT, SAMPLE_HINT, ExportError, PrefillModule, StepModule, StepSignature, TensorSpec,
                                          build_signature, named_state, prepare_model)
 from xlstm_zoo.export.tensorrt import trtexec_command
 from xlstm_zoo.export.validate import Report
@@ -143,6 +143,9 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     torch_dtype = DTYPES[dtype]
     work = prepare_model(model, torch_dtype)
     signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__)
+    missing = signature.undeclared() if validate else []
+    if missing:  # validation starts from a random state, which each state class declares how to draw
+        raise ExportError(f"{signature.source}: {missing[0]}: {SAMPLE_HINT}")
     module = StepModule(work, signature).eval()
     found = versions()
     meta = {"xlstm_zoo.opset": str(opset), "xlstm_zoo.dtype": dtype, "xlstm_zoo.batch": list(batch),
