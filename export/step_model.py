@@ -176,16 +176,8 @@ def component_name(module) -> str:
     return name if isinstance(name, str) else type(module).__name__.lower()
 
 
-def _find_stack(model):
-    """The module whose ``blocks`` the state tuple follows (the model's stack, or the model)."""
-    for candidate in (getattr(model, "stack", None), model):
-        if candidate is not None and isinstance(getattr(candidate, "blocks", None), nn.ModuleList):
-            return candidate
-    return None
-
-
 def _block_leaves(block, state, prefix: str, out: list) -> None:
-    cell = getattr(block, "cell", None)
+    cell = getattr(block, "state_cell", None)  # a block declares the cell whose state it carries
     cell_prefix = _join(prefix, component_name(cell)) if cell is not None else prefix
     if isinstance(state, ConvBlockState):
         _named_leaves(state.cell, cell_prefix, out)
@@ -195,16 +187,21 @@ def _block_leaves(block, state, prefix: str, out: list) -> None:
 
 
 def named_state(model, state) -> list[tuple[str, torch.Tensor]]:
-    """``[(name, tensor)]`` for a model's (nested) state, in the order the step model uses."""
+    """``[(name, tensor)]`` for a model's (nested) state, in the order the step model uses.
+
+    Read from declarations: a model or stack declares ``state_blocks`` (the blocks its state tuple
+    follows, named ``block{i}``), a block ``state_cell`` (the cell named in its state's names);
+    anything else is named as a cell, by its registered name.
+    """
     out: list = []
-    stack = _find_stack(model)
-    if stack is not None:
-        if not isinstance(state, (tuple, list)) or len(state) != len(stack.blocks):
-            raise ExportError(f"{type(model).__name__}: expected one state per block ({len(stack.blocks)}), "
+    blocks = getattr(model, "state_blocks", None)
+    if blocks is not None:
+        if not isinstance(state, (tuple, list)) or len(state) != len(blocks):
+            raise ExportError(f"{type(model).__name__}: expected one state per block ({len(blocks)}), "
                               f"got {type(state).__name__}")
-        for i, (block, block_state) in enumerate(zip(stack.blocks, state)):
+        for i, (block, block_state) in enumerate(zip(blocks, state)):
             _block_leaves(block, block_state, f"block{i}", out)
-    elif isinstance(getattr(model, "cell", None), nn.Module):
+    elif getattr(model, "state_cell", None) is not None:
         _block_leaves(model, state, "", out)
     else:
         _named_leaves(state, component_name(model), out)

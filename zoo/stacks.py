@@ -109,6 +109,11 @@ class Stack(nn.Module):
         """What ``step`` takes, for export: the first block's ``("features", dim)``."""
         return self.blocks[0].step_input
 
+    @property
+    def state_blocks(self) -> nn.ModuleList:
+        """For export's state names: the blocks the state tuple follows (``block{i}.``)."""
+        return self.blocks
+
     def forward(self, x: torch.Tensor, state: tuple | None = None):
         state = state if state is not None else (None,) * len(self.blocks)
         new_state = []

@@ -50,3 +50,8 @@ class Block(nn.Module):
     def step_input(self) -> tuple[str, int]:
         """What ``step`` takes, for export: ``("features", dim)`` (a vector ``[B, dim]``)."""
         return "features", self.cell.in_dim
+
+    @property
+    def state_cell(self) -> nn.Module:
+        """For export's state names (``block0.mlstm.C``): the cell whose state this block carries."""
+        return self.cell

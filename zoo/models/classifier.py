@@ -49,6 +49,11 @@ class Classifier(nn.Module):
     step_output = "logits"  # for export: the step's output is named logits
 
     @property
+    def state_blocks(self) -> nn.ModuleList:
+        """For export's state names: the stack's blocks, which the state tuple follows."""
+        return getattr(self.stack, "state_blocks", None)
+
+    @property
     def step_input(self) -> tuple[str, int]:
         """What ``step`` takes, for export: ``("token", vocab_size)`` or ``("features", input_dim)``."""
         if isinstance(self.embed, nn.Embedding):

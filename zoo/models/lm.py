@@ -42,6 +42,11 @@ class CausalLM(nn.Module):
     step_output = "logits"  # for export: the step's output is named logits
 
     @property
+    def state_blocks(self) -> nn.ModuleList:
+        """For export's state names: the stack's blocks, which the state tuple follows."""
+        return getattr(self.stack, "state_blocks", None)
+
+    @property
     def step_input(self) -> tuple[str, int]:
         """What ``step`` takes, for export: ``("token", vocab_size)`` (ids ``[B]``)."""
         return "token", self.embedding.num_embeddings
