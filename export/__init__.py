@@ -30,7 +30,7 @@ from xlstm_zoo.export.tensorrt import trtexec_command
 from xlstm_zoo.export.validate import Report
 
 __all__ = ["DTYPES", "ExportError", "ExportResult", "NEXT", "StepModule", "StepSignature", "TensorSpec",
-           "build_signature", "export_step", "named_state", "parse_batch", "versions"]
+           "build_signature", "export_step", "missing_toolchain", "named_state", "parse_batch", "versions"]
 
 # bfloat16 is not offered: several ONNX operators the graph uses (Einsum, ...) do not accept it, so the
 # model would be invalid ONNX, and onnxruntime's CPU kernels could not validate it anyway.
@@ -93,8 +93,13 @@ def parse_batch(batch) -> tuple[int, int, int]:
     return tuple(parts)
 
 
+def missing_toolchain() -> list[str]:
+    """The distributions ONNX export needs that are not installed (empty: export can run here)."""
+    return [m for m in _NEEDED if versions()[m] == "not installed"]
+
+
 def _check_toolchain() -> None:
-    missing = [m for m in _NEEDED if versions()[m] == "not installed"]
+    missing = missing_toolchain()
     if missing:
         raise ExportError(f"ONNX export needs {', '.join(missing)}: pip install 'xlstm-zoo[onnx]'")
 
