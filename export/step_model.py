@@ -294,6 +294,8 @@ def input_spec(model, input_dim: int | None = None) -> tuple[str, TensorSpec, Te
         declared = None
     if not (isinstance(declared, tuple) and len(declared) == 2 and declared[0] in ("token", "features")
             and isinstance(declared[1], int)):
+        if input_dim:  # the caller says it: feature vectors of input_dim
+            return "features", TensorSpec("x", (input_dim,), torch.float32), _output(model, output_name), None
         raise ExportError(f"{type(model).__name__} ({component_name(model)!r}) does not say what its step takes "
                           f"(step_input is {declared!r}): {INPUT_HINT}")
     kind, size = declared

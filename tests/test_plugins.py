@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 import textwrap
 import warnings
@@ -822,3 +824,13 @@ def test_example_mingru_passes_the_checks(monkeypatch):
     cell = MinGRUCell(MinGRUConfig(), BuildContext(dim=8)).to(torch.bfloat16)
     y, state = cell(torch.randn(2, 5, 8, dtype=torch.bfloat16))
     assert y.dtype == torch.bfloat16 and state.h.dtype == torch.float32, "state stays fp32 under bf16 compute"
+
+
+def test_example_mingru_own_tests_pass():
+    """The plugin's own tests (the conformance checks; ONNX export and validation where onnx is installed)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(MINGRU / "src"), os.environ.get("PYTHONPATH"))
+                                                        if p)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(MINGRU / "tests")],
+                          cwd=MINGRU, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-3000:]
