@@ -11,6 +11,11 @@ State names say which block and which state: ``block{i}.{cell}.{field}`` for a c
 block drops the ``block{i}.`` prefix, a bare cell is ``{cell}.{field}``. The new state comes out
 under the same name prefixed ``next.`` (``next.block3.mlstm.C``), so a runtime ping-pongs its
 buffers by name. A state that is ``None`` (a block without a conv) is not an input.
+
+Everything here is read from declarations (docs/export.md, "What a component declares"):
+``step_input`` and ``step_output`` for the input and output, ``state_blocks`` and ``state_cell``
+for the names, ``init_state`` for the zero state, each state class's ``export_sample`` for a
+random state.
 """
 
 from __future__ import annotations
