@@ -289,7 +289,7 @@ def check_cell(config, dim: int = DIM, *, builder: Callable | None = None, batch
     if gradcheck:
         check_cell_gradcheck(cell)
     if export and not missing_toolchain():
-        check_cell_export(cell)
+        check_cell_export(cell, dim)
     return cell
 
 
@@ -302,7 +302,7 @@ def check_cell_export(config, dim: int = 8, *, builder: Callable | None = None, 
     with tempfile.TemporaryDirectory(prefix="xlstm-zoo-check-") as out, torch.random.fork_rng(devices=[]):
         try:
             result = export_step(cell, out, batch=(1, 2, 3), rollout_steps=rollout_steps, threads=1,
-                                 source=_name("cell", config))
+                                 input_dim=getattr(cell, "in_dim", dim), source=_name("cell", config))
         except ExportError as err:
             _fail(what, str(err))
         failures = result.report.failures()
