@@ -2,6 +2,12 @@
 
 States are plain fp32 tensors in NamedTuples: they are pytrees, so they pass through
 autograd, ``torch.export`` and ONNX export as ordinary tensors, one named field each.
+
+What export needs from a state class it reads from the class itself: the zero state is what
+the cell's ``init_state`` returns (one constant per tensor, written to the export's metadata),
+and ``export_sample(like, generator)`` (a classmethod) gives a random state of the same shapes
+that the recurrence could reach, from which export validates. A plugin's state class declares
+the same classmethod (see docs/export.md).
 """
 
 from typing import NamedTuple
@@ -29,6 +35,11 @@ class MLSTMState(NamedTuple):
             torch.zeros(batch, heads, **like),
         )
 
+    @classmethod
+    def export_sample(cls, like: "MLSTMState", generator: torch.Generator) -> "MLSTMState":
+        """A reachable random state shaped like ``like``: normal draws (any ``m`` is valid)."""
+        return cls(*(_randn(t, generator) for t in like))
+
 
 class SLSTMState(NamedTuple):
     """sLSTM state per unit, each ``[B,H,Dh]``: cell ``c``, normaliser ``n``, stabiliser ``m``, output ``h``.
@@ -49,6 +60,13 @@ class SLSTMState(NamedTuple):
         zero = torch.zeros(batch, heads, dh, **like)
         return SLSTMState(zero, zero.clone(), torch.full_like(zero, float("-inf")), zero.clone())
 
+    @classmethod
+    def export_sample(cls, like: "SLSTMState", generator: torch.Generator) -> "SLSTMState":
+        """A reachable random state shaped like ``like``: ``n`` in [1, 4] (``n >= 1`` after the first
+        step), ``|c| <= n`` (``c / n`` is an average of ``tanh``), ``m`` normal, ``h`` in (-1, 1)."""
+        n = 1.0 + 3.0 * _rand(like.n, generator)
+        return cls(n * (2 * _rand(like.c, generator) - 1), n, _randn(like.m, generator), 2 * _rand(like.h, generator) - 1)
+
 
 class LSTMState(NamedTuple):
     """Classic LSTM state per unit, each ``[B,H,Dh]``: cell ``c`` and output ``h``. Zero state: zeros."""
@@ -60,3 +78,16 @@ class LSTMState(NamedTuple):
     def zeros(batch, heads, dh, device=None, dtype=torch.float32) -> "LSTMState":
         zero = torch.zeros(batch, heads, dh, dtype=dtype, device=device)
         return LSTMState(zero, zero.clone())
+
+    @classmethod
+    def export_sample(cls, like: "LSTMState", generator: torch.Generator) -> "LSTMState":
+        """A reachable random state shaped like ``like``: ``c`` normal, ``h = tanh(normal)``."""
+        return cls(_randn(like.c, generator), torch.tanh(_randn(like.h, generator)))
+
+
+def _randn(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(like.shape, generator=generator, dtype=like.dtype)
+
+
+def _rand(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.rand(like.shape, generator=generator, dtype=like.dtype)

@@ -24,13 +24,13 @@ from torch import nn
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.export import onnx as onnx_export
 from xlstm_zoo.export import validate as checks
-from xlstm_zoo.export.step_model import (NEXT, ExportError, PrefillModule, StepModule, StepSignature, TensorSpec,
+from xlstm_zoo.export.step_model import (NEXT, SAMPLE_HINT, ExportError, PrefillModule, StepModule, StepSignature, TensorSpec,
                                          build_signature, named_state, prepare_model)
 from xlstm_zoo.export.tensorrt import trtexec_command
 from xlstm_zoo.export.validate import Report
 
 __all__ = ["DTYPES", "ExportError", "ExportResult", "NEXT", "StepModule", "StepSignature", "TensorSpec",
-           "build_signature", "export_step", "named_state", "parse_batch", "versions"]
+           "build_signature", "export_step", "missing_toolchain", "named_state", "parse_batch", "versions"]
 
 # bfloat16 is not offered: several ONNX operators the graph uses (Einsum, ...) do not accept it, so the
 # model would be invalid ONNX, and onnxruntime's CPU kernels could not validate it anyway.
@@ -93,8 +93,13 @@ def parse_batch(batch) -> tuple[int, int, int]:
     return tuple(parts)
 
 
+def missing_toolchain() -> list[str]:
+    """The distributions ONNX export needs that are not installed (empty: export can run here)."""
+    return [m for m in _NEEDED if versions()[m] == "not installed"]
+
+
 def _check_toolchain() -> None:
-    missing = [m for m in _NEEDED if versions()[m] == "not installed"]
+    missing = missing_toolchain()
     if missing:
         raise ExportError(f"ONNX export needs {', '.join(missing)}: pip install 'xlstm-zoo[onnx]'")
 
@@ -143,6 +148,9 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     torch_dtype = DTYPES[dtype]
     work = prepare_model(model, torch_dtype)
     signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__)
+    missing = signature.undeclared() if validate else []
+    if missing:  # validation starts from a random state, which each state class declares how to draw
+        raise ExportError(f"{signature.source}: {missing[0]}: {SAMPLE_HINT}")
     module = StepModule(work, signature).eval()
     found = versions()
     meta = {"xlstm_zoo.opset": str(opset), "xlstm_zoo.dtype": dtype, "xlstm_zoo.batch": list(batch),

@@ -11,6 +11,11 @@ State names say which block and which state: ``block{i}.{cell}.{field}`` for a c
 block drops the ``block{i}.`` prefix, a bare cell is ``{cell}.{field}``. The new state comes out
 under the same name prefixed ``next.`` (``next.block3.mlstm.C``), so a runtime ping-pongs its
 buffers by name. A state that is ``None`` (a block without a conv) is not an input.
+
+Everything here is read from declarations (docs/export.md, "What a component declares"):
+``step_input`` and ``step_output`` for the input and output, ``state_blocks`` and ``state_cell``
+for the names, ``init_state`` for the zero state, each state class's ``export_sample`` for a
+random state.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from torch import nn
 
 from xlstm_zoo.errors import ZooError
 from xlstm_zoo.blocks.base import ConvBlockState
-from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState
 from xlstm_zoo.cells.base import Cell
 
 NEXT = "next."
@@ -94,6 +98,10 @@ class StepSignature:
         """A random state that the recurrence could reach (see :func:`random_state_values`)."""
         nested = _random_like(self.template, batch, generator)
         return self.flatten(nested)
+
+    def undeclared(self) -> list[str]:
+        """What the state lacks for :meth:`random_state` (empty when every state class declares it)."""
+        return undeclared_states(self.template)
 
     def example_input(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         if self.kind == "token":
@@ -173,16 +181,8 @@ def component_name(module) -> str:
     return name if isinstance(name, str) else type(module).__name__.lower()
 
 
-def _find_stack(model):
-    """The module whose ``blocks`` the state tuple follows (the model's stack, or the model)."""
-    for candidate in (getattr(model, "stack", None), model):
-        if candidate is not None and isinstance(getattr(candidate, "blocks", None), nn.ModuleList):
-            return candidate
-    return None
-
-
 def _block_leaves(block, state, prefix: str, out: list) -> None:
-    cell = getattr(block, "cell", None)
+    cell = getattr(block, "state_cell", None)  # a block declares the cell whose state it carries
     cell_prefix = _join(prefix, component_name(cell)) if cell is not None else prefix
     if isinstance(state, ConvBlockState):
         _named_leaves(state.cell, cell_prefix, out)
@@ -192,50 +192,64 @@ def _block_leaves(block, state, prefix: str, out: list) -> None:
 
 
 def named_state(model, state) -> list[tuple[str, torch.Tensor]]:
-    """``[(name, tensor)]`` for a model's (nested) state, in the order the step model uses."""
+    """``[(name, tensor)]`` for a model's (nested) state, in the order the step model uses.
+
+    Read from declarations: a model or stack declares ``state_blocks`` (the blocks its state tuple
+    follows, named ``block{i}``), a block ``state_cell`` (the cell named in its state's names);
+    anything else is named as a cell, by its registered name.
+    """
     out: list = []
-    stack = _find_stack(model)
-    if stack is not None:
-        if not isinstance(state, (tuple, list)) or len(state) != len(stack.blocks):
-            raise ExportError(f"{type(model).__name__}: expected one state per block ({len(stack.blocks)}), "
+    blocks = getattr(model, "state_blocks", None)
+    if blocks is not None:
+        if not isinstance(state, (tuple, list)) or len(state) != len(blocks):
+            raise ExportError(f"{type(model).__name__}: expected one state per block ({len(blocks)}), "
                               f"got {type(state).__name__}")
-        for i, (block, block_state) in enumerate(zip(stack.blocks, state)):
+        for i, (block, block_state) in enumerate(zip(blocks, state)):
             _block_leaves(block, block_state, f"block{i}", out)
-    elif isinstance(getattr(model, "cell", None), nn.Module):
+    elif getattr(model, "state_cell", None) is not None:
         _block_leaves(model, state, "", out)
     else:
         _named_leaves(state, component_name(model), out)
     return out
 
 
-# -- random states ---------------------------------------------------------------------------------
+# -- random states: read from each state class's declaration -----------------------------------------
+
+SAMPLE_HINT = ("declare a classmethod export_sample(cls, like, generator) on it returning a state of like's shapes "
+               "that the recurrence could reach (see docs/export.md, 'What a component declares')")
+
+
+def undeclared_states(state, prefix: str = "") -> list[str]:
+    """Where a state lacks the ``export_sample`` declaration export validates from (empty: all declared).
+
+    Every NamedTuple in the state declares it, and every tensor sits in such a NamedTuple (plain
+    tuples and lists only nest them).
+    """
+    if state is None or isinstance(state, torch.Tensor):
+        return [f"state tensor {prefix or '(root)'} is not in a NamedTuple"] if isinstance(state, torch.Tensor) else []
+    if _is_namedtuple(state):
+        if not callable(getattr(type(state), "export_sample", None)):
+            return [f"state class {type(state).__qualname__} ({type(state).__module__}, at {prefix or '(root)'}) "
+                    "declares no export_sample"]
+        return [m for name, v in zip(state._fields, state) if not isinstance(v, torch.Tensor)
+                for m in undeclared_states(v, _join(prefix, name))]
+    if isinstance(state, (tuple, list)):
+        return [m for i, v in enumerate(state) for m in undeclared_states(v, _join(prefix, str(i)))]
+    raise ExportError(f"state entry {prefix or '(root)'} is a {type(state).__name__}; "
+                      "states must be tensors in (named) tuples")
+
 
 def random_state_values(state, generator: torch.Generator):
-    """A random state of the same structure, in the range the recurrence reaches.
-
-    mLSTM ``C, n, m`` and conv states: normal draws (any ``m`` is valid). sLSTM: ``n`` in [1, 4]
-    (``n >= 1`` after the first step), ``|c| <= n`` (``c / n`` is an average of ``tanh``),
-    ``m`` normal, ``h`` in (-1, 1). LSTM: ``c`` normal, ``h = tanh(normal)``. Other tensors: normal.
-    """
-    def randn(t, scale=1.0):
-        return torch.randn(t.shape, generator=generator, dtype=t.dtype) * scale
-
-    def rand(t):
-        return torch.rand(t.shape, generator=generator, dtype=t.dtype)
-
+    """A random state of the same structure, in the range the recurrence reaches: each NamedTuple's
+    ``export_sample(like, generator)`` (see ``xlstm_zoo.backends.states`` for the built-in ones)."""
     if state is None:
         return None
-    if isinstance(state, torch.Tensor):
-        return randn(state)
-    if isinstance(state, SLSTMState):
-        n = 1.0 + 3.0 * rand(state.n)
-        return SLSTMState(n * (2 * rand(state.c) - 1), n, randn(state.m), 2 * rand(state.h) - 1)
-    if isinstance(state, LSTMState):
-        return LSTMState(randn(state.c), torch.tanh(randn(state.h)))
-    if isinstance(state, MLSTMState):
-        return MLSTMState(randn(state.C), randn(state.n), randn(state.m))
-    values = [random_state_values(v, generator) for v in state]
-    return type(state)(*values) if _is_namedtuple(state) else type(state)(values)
+    if _is_namedtuple(state) and callable(getattr(type(state), "export_sample", None)):
+        return type(state).export_sample(state, generator)
+    if isinstance(state, (tuple, list)) and not _is_namedtuple(state):
+        return type(state)(random_state_values(v, generator) for v in state)
+    missing = undeclared_states(state) or [f"a {type(state).__name__} state"]
+    raise ExportError(f"{missing[0]}: {SAMPLE_HINT}")
 
 
 def _random_like(template, batch: int, generator: torch.Generator):
@@ -271,34 +285,28 @@ def check_exportable(model: nn.Module) -> None:
                               "init_state(); the step model needs every cell's zero state")
 
 
-def _feature_dim(model) -> int | None:
-    stack = _find_stack(model)
-    if stack is not None:
-        return _feature_dim(stack.blocks[0]) if len(stack.blocks) else None
-    up = getattr(model, "up", None)
-    if isinstance(up, nn.Linear):
-        return up.in_features
-    cell = getattr(model, "cell", None)
-    for candidate in (cell, model):
-        if candidate is not None and isinstance(getattr(candidate, "in_dim", None), int):
-            return candidate.in_dim
-    return None
+INPUT_HINT = ("declare a property step_input returning ('token', vocab_size) for token ids [B] or "
+              "('features', size) for vectors [B, size] (cells, blocks and stacks inherit one; see docs/export.md)")
 
 
 def input_spec(model, input_dim: int | None = None) -> tuple[str, TensorSpec, TensorSpec, int | None]:
-    """``(kind, input, output, vocab_size)`` for a model's step."""
-    has_head = isinstance(getattr(model, "head", None), nn.Linear)
-    output_name = "logits" if has_head else "y"
-    embed = getattr(model, "embedding", None) or getattr(model, "embed", None)
-    if isinstance(embed, nn.Embedding):
-        spec = TensorSpec("token", (), torch.int64)
-        return "token", spec, _output(model, output_name), embed.num_embeddings
-    if isinstance(embed, nn.Linear):
-        input_dim = input_dim or embed.in_features
-    input_dim = input_dim or _feature_dim(model)
-    if not input_dim:
-        raise ExportError(f"cannot tell the input size of {type(model).__name__}; pass input_dim=")
-    return "features", TensorSpec("x", (input_dim,), torch.float32), _output(model, output_name), None
+    """``(kind, input, output, vocab_size)`` for a model's step, from its ``step_input`` and
+    ``step_output`` declarations (``step_output`` defaults to ``y``)."""
+    output_name = getattr(model, "step_output", "y")
+    try:
+        declared = model.step_input
+    except AttributeError:
+        declared = None
+    if not (isinstance(declared, tuple) and len(declared) == 2 and declared[0] in ("token", "features")
+            and isinstance(declared[1], int)):
+        if input_dim:  # the caller says it: feature vectors of input_dim
+            return "features", TensorSpec("x", (input_dim,), torch.float32), _output(model, output_name), None
+        raise ExportError(f"{type(model).__name__} ({component_name(model)!r}) does not say what its step takes "
+                          f"(step_input is {declared!r}): {INPUT_HINT}")
+    kind, size = declared
+    if kind == "token":
+        return "token", TensorSpec("token", (), torch.int64), _output(model, output_name), size
+    return "features", TensorSpec("x", (input_dim or size,), torch.float32), _output(model, output_name), None
 
 
 def _output(model, name: str) -> TensorSpec:

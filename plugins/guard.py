@@ -86,7 +86,7 @@ def run_check(entry, builder=None, *, full: bool = True) -> str:
         return f"not checked: its config has no usable default ({_one_line(describe(err))})"
     kwargs = {} if kind == "backend" else {"builder": builder}
     if kind == "cell" and not full:
-        kwargs["gradcheck"] = False
+        kwargs["gradcheck"] = kwargs["export"] = False
     try:
         with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
             testing.check_component(kind, config, **kwargs)

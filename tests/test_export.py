@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import onnx
@@ -538,3 +538,49 @@ def test_python_api_errors_are_config_errors(tmp_path):
         export_step(model, tmp_path, batch=(4, 2, 8))
     assert isinstance(ExportError("x"), xlstm_zoo.ZooError)
     assert named_state(model, model.init_state(1))[0][0] == "block0.mlstm.C"
+
+
+# -- what a component declares ---------------------------------------------------------------------------
+
+class _UndeclaredState(NamedTuple):
+    h: torch.Tensor
+
+
+class _UndeclaredCell(Cell):
+    """A plugin cell whose state class declares no export_sample."""
+
+    def __init__(self, dim=4):
+        super().__init__(dim, dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def init_state(self, batch, device=None):
+        return _UndeclaredState(torch.zeros(batch, self.in_dim))
+
+    def forward(self, x, state=None, *, value_input=None):
+        return self.proj(x), _UndeclaredState(x[:, -1])
+
+    def step(self, x_t, state, *, value_input=None):
+        return self.proj(x_t), _UndeclaredState(state.h + x_t)
+
+
+def test_undeclared_state_is_a_clear_error(tmp_path):
+    """A state class without export_sample: the error names the class and what to declare (before exporting)."""
+    with pytest.raises(ExportError, match=r"state class _UndeclaredState .*declares no export_sample.*"
+                                          r"classmethod export_sample\(cls, like, generator\)"):
+        export_step(_UndeclaredCell(), tmp_path)
+    assert not (tmp_path / "step.onnx").exists()
+    sig = build_signature(_UndeclaredCell())  # names and zeros need no sample: only validation does
+    assert sig.state_names == ["_undeclaredcell.h"] and sig.undeclared()
+
+
+def test_module_without_step_input_is_a_clear_error():
+    class Bare(torch.nn.Module):
+        def init_state(self, batch, device=None):
+            return (torch.zeros(batch, 2),)
+
+        def step(self, x_t, state):
+            return x_t, (state[0] + 1,)
+
+    with pytest.raises(ExportError, match=r"Bare .*does not say what its step takes.*step_input"):
+        build_signature(Bare())
+    assert build_signature(Bare(), input_dim=3).input.shape == (3,)  # or say it in the call

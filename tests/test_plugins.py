@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 import textwrap
 import warnings
@@ -28,6 +30,7 @@ import xlstm_zoo
 from venv_helpers import ROOT, clean_env, make_venv, run, show, under
 from xlstm_zoo import cli, testing
 from xlstm_zoo.config import BuildContext, ZooConfig
+from xlstm_zoo.export import missing_toolchain
 from xlstm_zoo.plugins import PROJECT, PluginError, PluginWarning, call_hook, hookimpl, hookspec
 from xlstm_zoo.plugins import status as plugin_status
 from xlstm_zoo.registry import Registry, registry
@@ -745,6 +748,10 @@ def test_plugins_check_runs_conformance_on_plugin_components(fake, global_regist
 class EMAState(NamedTuple):
     h: torch.Tensor
 
+    @classmethod
+    def export_sample(cls, like, generator):  # what export validates from (check_cell exports where onnx is installed)
+        return cls(torch.randn(like.h.shape, generator=generator, dtype=like.h.dtype))
+
 
 class _Config(ZooConfig):
     type: str = "ema"
@@ -822,3 +829,21 @@ def test_example_mingru_passes_the_checks(monkeypatch):
     cell = MinGRUCell(MinGRUConfig(), BuildContext(dim=8)).to(torch.bfloat16)
     y, state = cell(torch.randn(2, 5, 8, dtype=torch.bfloat16))
     assert y.dtype == torch.bfloat16 and state.h.dtype == torch.float32, "state stays fp32 under bf16 compute"
+
+
+def test_example_mingru_own_tests_pass():
+    """The plugin's own tests (the conformance checks; ONNX export and validation where onnx is installed)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(MINGRU / "src"), os.environ.get("PYTHONPATH"))
+                                                        if p)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(MINGRU / "tests")],
+                          cwd=MINGRU, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.skipif(bool(missing_toolchain()), reason="the export check needs the onnx extra")
+def test_check_cell_export_names_what_a_state_must_declare(monkeypatch):
+    monkeypatch.delattr(EMAState, "export_sample")
+    with pytest.raises(testing.ConformanceError, match=r"ONNX export: .*EMAState .*declares no export_sample"):
+        testing.check_cell(EMACell(), gradcheck=False)
+    testing.check_cell(EMACell(), gradcheck=False, export=False)  # the rest of the contract holds

@@ -104,6 +104,16 @@ class Stack(nn.Module):
     def init_state(self, batch: int, device=None) -> tuple:
         return tuple(block.init_state(batch, device) for block in self.blocks)
 
+    @property
+    def step_input(self) -> tuple[str, int]:
+        """What ``step`` takes, for export: the first block's ``("features", dim)``."""
+        return self.blocks[0].step_input
+
+    @property
+    def state_blocks(self) -> nn.ModuleList:
+        """For export's state names: the blocks the state tuple follows (``block{i}.``)."""
+        return self.blocks
+
     def forward(self, x: torch.Tensor, state: tuple | None = None):
         state = state if state is not None else (None,) * len(self.blocks)
         new_state = []

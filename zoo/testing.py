@@ -25,8 +25,10 @@ component and what failed. What ``check_cell`` checks:
 - float64 ``torch.autograd.gradcheck`` of the outputs and final state with respect to the input,
   the value stream and a non-zero initial state (``gradcheck=False`` skips it).
 
-Not yet checked: ONNX export of the step. That check arrives with the export issue
-(``xlstm_zoo.export``); until then no check here exports anything.
+- where the ONNX toolchain is installed (``pip install 'xlstm-zoo[onnx]'``), the step exports to
+  ONNX and onnxruntime matches PyTorch from the zero and a random state
+  (:func:`check_cell_export`; ``export=False`` skips it). Export reads what the cell declares:
+  its ``step_input`` (inherited from ``Cell``) and its state class's ``export_sample``.
 
 Shapes follow the registry-wide suite: ``dim=16``, batch 2, T=11 (odd, and not split evenly by
 the halves). Tolerances are fp32 ``rtol = atol = 1e-4`` (module-level comparisons accumulate a
@@ -36,6 +38,7 @@ few fp32 roundings per op; the kernel-level bound of docs/testing.md).
 from __future__ import annotations
 
 import copy
+import tempfile
 from typing import Any, Callable
 
 import torch
@@ -44,10 +47,12 @@ from torch import nn
 
 from xlstm_zoo.config import BuildContext, build
 from xlstm_zoo.errors import UnknownComponentError
+from xlstm_zoo.export import ExportError, export_step, missing_toolchain
 from xlstm_zoo.registry import registry, tag_of
 from torch.autograd.gradcheck import GradcheckError
 
-__all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "check_cell_gradcheck", "check_component",
+__all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "check_cell_export", "check_cell_gradcheck",
+           "check_component",
            "check_gate", "check_model", "check_norm", "check_sequence_module", "check_stack", "leaves"]
 
 DIM, BATCH, STEPS = 16, 2, 11
@@ -250,8 +255,11 @@ def _name(kind: str, config) -> str:
 
 
 def check_cell(config, dim: int = DIM, *, builder: Callable | None = None, batch: int = BATCH, steps: int = STEPS,
-               extreme: float | None = EXTREME, gradcheck: bool = True) -> nn.Module:
+               extreme: float | None = EXTREME, gradcheck: bool = True, export: bool = True) -> nn.Module:
     """Check a cell (its config, or a built cell) against the cell contract; returns the cell.
+
+    ``export`` runs :func:`check_cell_export` where the ONNX toolchain is installed (and nothing
+    where it is not).
 
     The contract is in ``xlstm_zoo.cells.base``: ``init_state(batch, device=None)``,
     ``forward(x, state=None, *, value_input=None) -> (y, state)``,
@@ -280,7 +288,25 @@ def check_cell(config, dim: int = DIM, *, builder: Callable | None = None, batch
                           what=f"{what} with value_input", extreme=extreme)
     if gradcheck:
         check_cell_gradcheck(cell)
+    if export and not missing_toolchain():
+        check_cell_export(cell, dim)
     return cell
+
+
+def check_cell_export(config, dim: int = 8, *, builder: Callable | None = None, rollout_steps: int = 50) -> None:
+    """The cell's step exports to ONNX (``xlstm_zoo.export.export_step``, batch range 1..3) and
+    onnxruntime matches PyTorch, from the zero and from a random state, over ``rollout_steps`` steps.
+    A built cell is copied, not changed. Needs the onnx extra (``ExportError`` names what is missing)."""
+    cell = config if isinstance(config, nn.Module) else _build("cell", config, BuildContext(dim=dim), builder)
+    what = f"{_name('cell', config)}: ONNX export"
+    with tempfile.TemporaryDirectory(prefix="xlstm-zoo-check-") as out, torch.random.fork_rng(devices=[]):
+        try:
+            result = export_step(cell, out, batch=(1, 2, 3), rollout_steps=rollout_steps, threads=1,
+                                 input_dim=getattr(cell, "in_dim", dim), source=_name("cell", config))
+        except ExportError as err:
+            _fail(what, str(err))
+        failures = result.report.failures()
+    _require(result.ok, what, f"onnxruntime differs from PyTorch: {'; '.join(failures[:3])}")
 
 
 def check_cell_gradcheck(config, dim: int = 8, *, builder: Callable | None = None) -> None:

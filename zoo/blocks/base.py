@@ -21,6 +21,13 @@ class ConvBlockState(NamedTuple):
     cell: object
     conv: torch.Tensor
 
+    @classmethod
+    def export_sample(cls, like: "ConvBlockState", generator: torch.Generator) -> "ConvBlockState":
+        """For export's validation: the cell state's own sample, then normal draws for the conv inputs."""
+        cell = None if like.cell is None else type(like.cell).export_sample(like.cell, generator)
+        conv = None if like.conv is None else torch.randn(like.conv.shape, generator=generator, dtype=like.conv.dtype)
+        return cls(cell, conv)
+
 
 def build_cell(config, ctx: BuildContext, dim: int, dim_name: str = "dim") -> nn.Module:
     """Build the block's cell for ``dim`` input features; it must return ``dim`` features."""
@@ -38,3 +45,13 @@ def cell_heads(cell) -> int:
 class Block(nn.Module):
     def init_state(self, batch: int, device=None):
         return self.cell.init_state(batch, device)
+
+    @property
+    def step_input(self) -> tuple[str, int]:
+        """What ``step`` takes, for export: ``("features", dim)`` (a vector ``[B, dim]``)."""
+        return "features", self.cell.in_dim
+
+    @property
+    def state_cell(self) -> nn.Module:
+        """For export's state names (``block0.mlstm.C``): the cell whose state this block carries."""
+        return self.cell

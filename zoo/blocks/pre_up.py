@@ -35,6 +35,10 @@ class PreUpBlockConfig(ZooConfig):
 class PreUpBlock(Block):
     init_roles = {"down.weight": "out_proj"}
 
+    @property
+    def step_input(self) -> tuple[str, int]:
+        return "features", self.up.in_features
+
     def __init__(self, config: PreUpBlockConfig, ctx: BuildContext):
         super().__init__()
         inner = round(config.proj_factor * ctx.dim)

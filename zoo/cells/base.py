@@ -34,6 +34,11 @@ class Cell(nn.Module):
     def step(self, x_t, state, *, value_input=None):
         raise NotImplementedError
 
+    @property
+    def step_input(self) -> tuple[str, int]:
+        """What ``step`` takes, for export: ``("features", in_dim)`` (a vector ``[B, in_dim]``)."""
+        return "features", self.in_dim
+
     def _device(self):
         return next(self.parameters()).device
 

@@ -46,6 +46,20 @@ class Classifier(nn.Module):
         self.head = nn.Linear(config.dim, config.num_classes)
         initialize(self, config.init, dim=config.dim, num_blocks=count_blocks(self.stack), tied=False)
 
+    step_output = "logits"  # for export: the step's output is named logits
+
+    @property
+    def state_blocks(self) -> nn.ModuleList:
+        """For export's state names: the stack's blocks, which the state tuple follows."""
+        return getattr(self.stack, "state_blocks", None)
+
+    @property
+    def step_input(self) -> tuple[str, int]:
+        """What ``step`` takes, for export: ``("token", vocab_size)`` or ``("features", input_dim)``."""
+        if isinstance(self.embed, nn.Embedding):
+            return "token", self.embed.num_embeddings
+        return "features", self.embed.in_features
+
     @property
     def init_roles(self) -> dict[str, str]:
         return {"head.weight": "head"}

@@ -39,6 +39,18 @@ class CausalLM(nn.Module):
             self.head.weight = self.embedding.weight
         initialize(self, config.init, dim=config.dim, num_blocks=count_blocks(self.stack), tied=config.tie_weights)
 
+    step_output = "logits"  # for export: the step's output is named logits
+
+    @property
+    def state_blocks(self) -> nn.ModuleList:
+        """For export's state names: the stack's blocks, which the state tuple follows."""
+        return getattr(self.stack, "state_blocks", None)
+
+    @property
+    def step_input(self) -> tuple[str, int]:
+        """What ``step`` takes, for export: ``("token", vocab_size)`` (ids ``[B]``)."""
+        return "token", self.embedding.num_embeddings
+
     @property
     def init_roles(self) -> dict[str, str]:
         return {"embedding.weight": "embedding", **({} if self.config.tie_weights else {"head.weight": "head"})}

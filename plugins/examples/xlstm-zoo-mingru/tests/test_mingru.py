@@ -1,16 +1,32 @@
 """The plugin author's own tests: xlstm-zoo's conformance checks, plus what is special to minGRU."""
 
+import pytest
 import torch
 
 from xlstm_zoo.config import BuildContext
-from xlstm_zoo.testing import check_cell, check_norm
+from xlstm_zoo.export import export_step, missing_toolchain
+from xlstm_zoo.testing import check_cell, check_cell_export, check_norm
 from xlstm_zoo_mingru.cell import MinGRUCell, MinGRUConfig
 from xlstm_zoo_mingru.norm import DyTConfig, DyTNorm
 
 
 def test_mingru_meets_the_cell_contract():
-    check_cell(MinGRUConfig(), dim=16, builder=MinGRUCell)
-    check_cell(MinGRUConfig(chunk_size=4), dim=16, builder=MinGRUCell)  # T=11 spans several chunks
+    check_cell(MinGRUConfig(), dim=16, builder=MinGRUCell)  # exports too, where onnx is installed
+    check_cell(MinGRUConfig(chunk_size=4), dim=16, builder=MinGRUCell, export=False)  # T=11 spans several chunks
+
+
+@pytest.mark.skipif(bool(missing_toolchain()), reason=f"ONNX export needs {', '.join(missing_toolchain())}: "
+                                                      "pip install 'xlstm-zoo[onnx]'")
+def test_mingru_step_exports_and_matches_pytorch(tmp_path):
+    """The cell's step as ONNX: named from what the cell declares, validated by onnxruntime."""
+    check_cell_export(MinGRUConfig(), dim=8, builder=MinGRUCell)
+    cell = MinGRUCell(MinGRUConfig(), BuildContext(dim=8))
+    result = export_step(cell, tmp_path, batch=(1, 2, 4), rollout_steps=100, threads=1)
+    assert result.ok, result.report.failures()
+    assert result.signature.input_names == ["x", "mingru.h"]
+    assert result.signature.output_names == ["y", "next.mingru.h"]
+    assert [s.zero for s in result.signature.states] == [0.0]
+    assert (tmp_path / "step.onnx").is_file()
 
 
 def test_dyt_meets_the_norm_contract():

@@ -31,7 +31,14 @@ from xlstm_zoo.config import BuildContext, ZooConfig
 
 
 class MinGRUState(NamedTuple):
-    h: torch.Tensor  # [B, dim], fp32
+    """``h [B, dim]``, fp32. Zero state: ``h = 0`` (what ``init_state`` returns)."""
+
+    h: torch.Tensor
+
+    @classmethod
+    def export_sample(cls, like: "MinGRUState", generator: torch.Generator) -> "MinGRUState":
+        """For xlstm-zoo's export validation: a state the recurrence reaches (any h: normal draws)."""
+        return cls(torch.randn(like.h.shape, generator=generator, dtype=like.h.dtype))
 
 
 class MinGRUConfig(ZooConfig):
