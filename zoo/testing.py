@@ -1,7 +1,7 @@
 """Conformance checks for components: the contract every cell, block, stack and model honours.
 
 Plugin authors run them in their own tests; xlstm-zoo runs the same checks over every registered
-component (``tests/test_components.py``), and on the first build of a plugin's cell, block, norm
+component (``tests/zoo/test_components.py``), and on the first build of a plugin's cell, block, norm
 or gate in a process (a failure there is a warning naming the plugin)::
 
     from xlstm_zoo.testing import check_cell

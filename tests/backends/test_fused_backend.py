@@ -1,10 +1,8 @@
 """The ``fused`` sLSTM/LSTM loops (hand-written backward) against the reference (autograd) loops."""
 
-import itertools
-
 import pytest
 import torch
-from gate_inputs import make_inputs
+from gate_inputs import ALL_GATES, make_inputs, outputs_and_grads, random_slstm_state
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.fused.lstm import lstm_sequence as fused_lstm
@@ -13,28 +11,6 @@ from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.reference.lstm import lstm_sequence as reference_lstm
 from xlstm_zoo.backends.reference.slstm import slstm_sequence as reference_slstm
 from xlstm_zoo.backends.states import LSTMState, SLSTMState
-
-ALL_GATES = [GateSchemes(i, f) for i, f in itertools.product(("exponential", "sigmoid"), repeat=2)]
-
-
-def random_slstm_state(B, H, Dh, dtype=torch.float64, seed=1):
-    """A realistic state: the reference run over a random prefix."""
-    wx, R = make_inputs(B, H, 6, Dh, dtype=dtype, seed=seed)
-    return reference_slstm(wx, R, None, gates=GateSchemes())[1]
-
-
-def outputs_and_grads(fn, wx, R, state, **kw):
-    """Outputs + final state and the gradients of a loss touching all of them (random weights)."""
-    leaves = [wx.clone().requires_grad_(), R.clone().requires_grad_()]
-    state = None if state is None else type(state)(*(s.clone().requires_grad_() for s in state))
-    h, final = fn(leaves[0], leaves[1], state, **kw)
-    outs = [h, *final]
-    g = torch.Generator().manual_seed(7)
-    loss = sum((o.masked_fill(torch.isinf(o), 0) * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
-    inputs = leaves + ([] if state is None else [s for s in state if torch.isfinite(s).all()])
-    grads = torch.autograd.grad(loss, inputs)
-    return outs, grads
-
 
 @pytest.mark.parametrize("gates", ALL_GATES, ids=str)
 @pytest.mark.parametrize("T, Dh, from_zero", [(1, 4, True), (13, 5, True), (13, 5, False), (32, 8, False)])
@@ -135,7 +111,7 @@ def test_dispatcher_picks_fused_on_cpu_and_reference_can_be_forced():
     from xlstm_zoo.backends.cpp.build import unavailable_reason
 
     cpu = torch.device("cpu")
-    # sLSTM goes to the compiled C++ loop where it builds (tests/test_cpp_backend.py), else here.
+    # sLSTM goes to the compiled C++ loop where it builds (tests/backends/test_cpp_backend.py), else here.
     assert ops.select("slstm_sequence", cpu, torch.float32).name == ("cpp" if unavailable_reason() is None else "fused")
     assert ops.select("slstm_sequence", cpu, torch.float32, force="fused").name == "fused"
     assert ops.select("lstm_sequence", cpu, torch.float32).name == "fused"

@@ -19,7 +19,7 @@ from xlstm_zoo.grid.runner import run_grid
 import toy_task
 
 toy_task.register()
-HERE = Path(__file__).parent
+TESTS = Path(toy_task.__file__).parent  # where the test helpers live, for the subprocess driver
 
 
 def grid_recipe(**grid):
@@ -149,7 +149,7 @@ sys.exit(main(["grid", {recipe!r}, "--out", {out!r}]))
 
 
 def _run_driver(recipe_path, out, **kwargs):
-    code = DRIVER.format(tests=str(HERE), recipe=str(recipe_path), out=str(out))
+    code = DRIVER.format(tests=str(TESTS), recipe=str(recipe_path), out=str(out))
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
 

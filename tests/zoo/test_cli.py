@@ -22,7 +22,7 @@ import xlstm_zoo
 from xlstm_zoo import cli
 from xlstm_zoo.recipe import shipped_recipes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # tests/zoo/test_cli.py -> the repository
 BUILTIN_KINDS = ("cell", "gate", "norm", "block", "stack", "model", "backend")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -22,7 +22,7 @@ def default(kind, name):
 @pytest.mark.parametrize("name", registry.names("cell"))
 def test_cell_contract(name):
     # without and with a separate value stream (used by conv blocks); the float64 gradcheck is its own test,
-    # and tests/test_export.py exports every built-in cell (inside blocks and bare)
+    # and tests/export/test_export.py exports every built-in cell (inside blocks and bare)
     testing.check_cell(default("cell", name), dim=DIM, gradcheck=False, export=False)
 
 

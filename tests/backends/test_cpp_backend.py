@@ -5,8 +5,7 @@ import warnings
 
 import pytest
 import torch
-from gate_inputs import make_inputs
-from test_fused_backend import ALL_GATES, outputs_and_grads, random_slstm_state
+from gate_inputs import ALL_GATES, make_inputs, outputs_and_grads, random_slstm_state
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import build
