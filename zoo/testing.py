@@ -31,8 +31,8 @@ component and what failed. What ``check_cell`` checks:
   its ``step_input`` (inherited from ``Cell``) and its state class's ``export_sample``.
 
 Shapes follow the registry-wide suite: ``dim=16``, batch 2, T=11 (odd, and not split evenly by
-the halves). Tolerances are fp32 ``rtol = atol = 1e-4`` (module-level comparisons accumulate a
-few fp32 roundings per op; the kernel-level bound of docs/testing.md).
+the halves). Tolerances are the policy's ``module`` bound in fp32, ``rtol = atol = 1e-4``
+(:mod:`xlstm_zoo.tolerances`: module-level comparisons accumulate a few fp32 roundings per op).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from xlstm_zoo.config import BuildContext, build
 from xlstm_zoo.errors import UnknownComponentError
 from xlstm_zoo.export import ExportError, export_step, missing_toolchain
 from xlstm_zoo.registry import registry, tag_of
+from xlstm_zoo.tolerances import GRADCHECK, assert_close
 from torch.autograd.gradcheck import GradcheckError
 
 __all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "check_cell_export", "check_cell_gradcheck",
@@ -56,7 +57,6 @@ __all__ = ["ConformanceError", "check_backend", "check_block", "check_cell", "ch
            "check_gate", "check_model", "check_norm", "check_sequence_module", "check_stack", "leaves"]
 
 DIM, BATCH, STEPS = 16, 2, 11
-TOL = dict(rtol=1e-4, atol=1e-4)
 EXTREME = 1e3
 
 
@@ -111,22 +111,16 @@ def assert_tree_close(a, b, what: str) -> None:
 
 
 def _close(actual, expected, what: str) -> None:
-    """``torch.testing.assert_close`` semantics (same dtype and shape, ``|a - e| <= atol + rtol * |e|``,
-    equal infinities pass, NaN fails). Not torch.testing itself: in torch 2.13 its first call
-    imports torch.distributed and sympy (about a second), too slow for the check on first build."""
+    """The policy's ``module`` bound in fp32 (:mod:`xlstm_zoo.tolerances`), same dtype and shape required.
+    Not torch.testing: in torch 2.13 its first call imports torch.distributed and sympy (about a
+    second), too slow for the check on first build."""
     _require(isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor), what,
              f"expected tensors, got {type(actual).__name__} and {type(expected).__name__}")
-    _require(actual.shape == expected.shape, what, f"shapes differ: {tuple(actual.shape)} vs {tuple(expected.shape)}")
     _require(actual.dtype == expected.dtype, what, f"dtypes differ: {actual.dtype} vs {expected.dtype}")
-    a, e = actual.detach().double(), expected.detach().double()
-    diff = (a - e).abs()
-    allowed = TOL["atol"] + TOL["rtol"] * e.abs()
-    bad = ~((a == e) | (diff <= allowed))
-    if bad.any():
-        excess = torch.where(bad, torch.nan_to_num(diff - allowed, nan=float("inf")), torch.zeros_like(diff))
-        index = tuple(int(i) for i in torch.unravel_index(excess.flatten().argmax(), excess.shape))
-        _fail(what, f"{int(bad.sum())} of {bad.numel()} elements differ; worst at index {index}: {a[index].item():.6g} "
-                    f"vs {e[index].item():.6g} (allowed |difference| <= {TOL['atol']:g} + {TOL['rtol']:g} * |expected|)")
+    try:  # the fp32 bound whatever the dtype: float64 components are held to what fp32 ones are
+        assert_close(actual, expected, kind="module", what=what, dtype=torch.float32)
+    except AssertionError as err:
+        raise ConformanceError(str(err)) from None
 
 
 def _check_state(state, reference, batch: int, what: str, reference_batch: int | None = None) -> None:
@@ -334,7 +328,7 @@ def check_cell_gradcheck(config, dim: int = 8, *, builder: Callable | None = Non
     _require(y.dtype == torch.float64, what, f"float64 inputs give {str(y.dtype).removeprefix('torch.')} outputs; "
                                              f"{PRECISION_HINT}")
     try:
-        ok = torch.autograd.gradcheck(run, (x, v, *state_leaves), eps=1e-6, atol=1e-6, rtol=1e-4)
+        ok = torch.autograd.gradcheck(run, (x, v, *state_leaves), **GRADCHECK)
     except GradcheckError as err:
         detail = " ".join(str(err).split())
         raise ConformanceError(f"{what}: analytical and numerical gradients differ; if the cell computes in float32 "
