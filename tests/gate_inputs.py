@@ -1,6 +1,5 @@
 """Shared inputs for the sLSTM and LSTM op tests: ``wx [B,H,T,4*Dh]`` and ``R [H,Dh,4*Dh]``,
-drawn in float64 then cast, so every dtype sees the same numbers; a realistic initial state; and
-outputs plus gradients of a loss touching all of them."""
+drawn in float64 then cast, so every dtype sees the same numbers; and a realistic initial state."""
 
 import itertools
 import math
@@ -26,15 +25,3 @@ def random_slstm_state(B, H, Dh, dtype=torch.float64, seed=1):
     wx, R = make_inputs(B, H, 6, Dh, dtype=dtype, seed=seed)
     return reference_slstm(wx, R, None, gates=GateSchemes())[1]
 
-
-def outputs_and_grads(fn, wx, R, state, **kw):
-    """Outputs + final state and the gradients of a loss touching all of them (random weights)."""
-    leaves = [wx.clone().requires_grad_(), R.clone().requires_grad_()]
-    state = None if state is None else type(state)(*(s.clone().requires_grad_() for s in state))
-    h, final = fn(leaves[0], leaves[1], state, **kw)
-    outs = [h, *final]
-    g = torch.Generator().manual_seed(7)
-    loss = sum((o.masked_fill(torch.isinf(o), 0) * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
-    inputs = leaves + ([] if state is None else [s for s in state if torch.isfinite(s).all()])
-    grads = torch.autograd.grad(loss, inputs)
-    return outs, grads

@@ -66,7 +66,7 @@ class Case:
 def _slstm_cases():
     # The fused and cpp backends' former cases (every gate scheme) ...
     cases = [Case(B, H, T, (Dh,), g, s) for g in ALL_GATES
-             for B, H, T, Dh, s in [(2, 3, 1, 4, False), (3, 2, 13, 5, False), (2, 3, 13, 5, True),
+             for B, H, T, Dh, s in [(2, 3, 1, 4, False), (3, 2, 13, 5, False), (2, 3, 13, 5, False), (2, 3, 13, 5, True),
                                     (1, 1, 32, 1, True), (2, 2, 9, 33, True), (2, 3, 32, 8, True)]]
     # ... and the Triton kernel's: B not a multiple of the batch tile, T = 1, odd T, several Dh.
     cases += [Case(B, 2, T, (Dh,), EXP_SIG, s, small=True) for s in (False, True)
