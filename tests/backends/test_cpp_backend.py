@@ -18,6 +18,7 @@ from xlstm_zoo.backends.fused.time_major import to_time_major
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.reference.slstm import slstm_sequence as reference_slstm
 from xlstm_zoo.backends.states import SLSTMState
+from xlstm_zoo.tolerances import assert_close
 
 needs_compiler = pytest.mark.skipif(build.environment_reason() is not None,
                                     reason=f"C++ loop not buildable here: {build.environment_reason()}")
@@ -41,15 +42,17 @@ def fresh_build(monkeypatch, tmp_path):
 
 
 @needs_compiler
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-4), (torch.bfloat16, 2e-2)], ids=str)
-def test_low_precision_matches_reference(dtype, tol):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_low_precision_matches_reference(dtype):
     wx, R = make_inputs(2, 4, 40, 8, dtype=dtype)
     h, s = cpp_slstm(wx, R, None, gates=GateSchemes())
     h_ref, s_ref = reference_slstm(wx.double(), R.double(), None, gates=GateSchemes())
     assert h.dtype == dtype
-    torch.testing.assert_close(h.double(), h_ref, rtol=tol, atol=tol)
-    for a, b in zip(s, s_ref):
-        torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
+    for name, a, b in zip(["h", "c", "n", "m", "h_T"], [h, *s], [h_ref, *s_ref]):
+        if dtype == torch.bfloat16:
+            assert_close(a.double(), b, kind="kernel", dtype=dtype, what=f"{name} vs float64")
+        else:  # an fp32 loop against a float64 reference over 40 steps, elementwise: twice the fp32 kernel bound
+            torch.testing.assert_close(a.double(), b, rtol=2e-4, atol=2e-4)
 
 
 @needs_compiler
@@ -60,7 +63,7 @@ def test_fills_the_same_buffers_as_the_fused_loop():
     W = to_time_major(wx, wx.dtype)
     for ours, theirs in zip(forward_loop(W, R, *state, True, False), fused_forward_loop(W, R, *state, True, False)):
         assert ours.shape == theirs.shape
-        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+        assert_close(ours, theirs, kind="kernel", what="buffer vs the fused loop's", check_dtype=True)
 
 
 @needs_compiler
@@ -143,6 +146,7 @@ def test_state_roundtrip_continues_the_sequence():
     h_all, s_all = ops.slstm_sequence(wx, R, None, gates=gates, backend="cpp")
     h1, s1 = ops.slstm_sequence(wx[:, :, :6], R, None, gates=gates, backend="cpp")
     h2, s2 = ops.slstm_sequence(wx[:, :, 6:], R, s1, gates=gates, backend="cpp")
+    # one loop, the same sums in the same order: tighter than the policy's float64 form bound
     torch.testing.assert_close(torch.cat([h1, h2], dim=2), h_all, rtol=1e-12, atol=1e-12)
     for a, b in zip(s2, s_all):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

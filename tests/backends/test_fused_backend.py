@@ -10,6 +10,7 @@ from xlstm_zoo.backends.fused.lstm import lstm_sequence as fused_lstm
 from xlstm_zoo.backends.fused.slstm import slstm_sequence as fused_slstm
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.states import LSTMState, SLSTMState
+from xlstm_zoo.tolerances import assert_close
 
 # Parity with the reference (outputs, final states, every gradient, float64) is the kernel parity
 # harness's: tests/backends/test_kernel_parity.py (slstm.sequence--fused, lstm.sequence--fused).
@@ -80,7 +81,7 @@ def test_low_precision_output_and_fp32_states(fn, kw, low):
     h, state = fn(wx_low, R.to(low), None, **kw)
     h.float().sum().backward()
     assert h.dtype == low and all(s.dtype == torch.float32 for s in state) and wx_low.grad.dtype == low
-    torch.testing.assert_close(h.float(), ref_h, rtol=2e-2, atol=2e-2)
+    assert_close(h.float(), ref_h, kind="kernel", dtype=low, what=f"{low} h vs fp32")
 
 
 def test_empty_sequence_returns_the_state():

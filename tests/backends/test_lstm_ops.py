@@ -56,6 +56,7 @@ def test_halves_with_carried_state_match_whole(split):
     assert_states_close(s2, s_all, f"halves split at {split} vs whole")
 
 
+# vs torch.nn.LSTM; float64: another implementation of the same maths, the policy's kernel numbers.
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, dict(rtol=1e-12, atol=1e-12)),
                                        # two fp32 implementations with different op order: ulp-level drift over 33 steps.
                                        (torch.float32, dict(rtol=1e-5, atol=1e-6))], ids=["fp64", "fp32"])
@@ -91,6 +92,7 @@ def test_gradcheck_sequence():
         out, s = lstm_sequence(wx, R, LSTMState(c, h))
         return (out, *s)
 
+    # op-level gradcheck: tighter than the policy's GRADCHECK (no module roundings on top)
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
@@ -103,6 +105,7 @@ def test_gradcheck_step():
         out, s = lstm_step(wx_t, R, LSTMState(c, h))
         return (out, *s)
 
+    # op-level gradcheck: tighter than the policy's GRADCHECK (no module roundings on top)
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
@@ -117,6 +120,7 @@ def test_zero_state():
     i_pre, _, z_pre, o_pre = wx[:, :, 0].split(Dh, dim=-1)
     h_t, s_t = lstm_step(wx[:, :, 0], R, None)
     expected = torch.sigmoid(o_pre) * torch.tanh(torch.sigmoid(i_pre) * torch.tanh(z_pre))
+    # one token by hand: fp32 rounding only
     torch.testing.assert_close(h_t, expected, rtol=1e-6, atol=1e-7, msg=lambda m: f"first step from zero state: {m}")
 
 

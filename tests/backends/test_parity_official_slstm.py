@@ -19,6 +19,7 @@ from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.reference.lstm import lstm_sequence
 from xlstm_zoo.backends.reference.slstm import slstm_sequence
 from xlstm_zoo.backends.states import LSTMState, SLSTMState
+from xlstm_zoo.tolerances import assert_close
 
 HIDDEN, HEADS = 12, 3
 DH = HIDDEN // HEADS
@@ -57,9 +58,12 @@ def split_official_state(state):
     return [s.reshape(B, HEADS, DH) for s in state]
 
 
-TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12),
-       # same maths, different op order (bias added late, matmul layout): a few ulps over T steps.
-       torch.float32: dict(rtol=1e-5, atol=1e-6)}
+def close(actual, expected, what):
+    """float64: the policy's kernel bound (another implementation of the same maths); fp32 below."""
+    if actual.dtype == torch.float64:
+        assert_close(actual, expected, kind="kernel", what=what, check_dtype=True)
+    else:  # same maths, different op order (bias added late, matmul layout): a few ulps over T steps
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
@@ -85,24 +89,20 @@ def test_slstm_matches_official_vanilla_cell(dtype, from_zero):
     R_ours = R.clone().requires_grad_()
     out_ours, final_ours = slstm_sequence(wx, R_ours, ours_state, gates=OFFICIAL_GATES)
 
-    tol = TOL[dtype]
     assert out_theirs.shape == (B, HEADS, T, DH), f"official output layout changed: {tuple(out_theirs.shape)}"
-    torch.testing.assert_close(out_ours, out_theirs, **tol, msg=lambda m: f"outputs vs official: {m}")
+    close(out_ours, out_theirs, "outputs vs official")
     h_t, c_t, n_t, m_t = split_official_state(final_theirs)
     for name, ours, theirs in [("h", final_ours.h, h_t), ("c", final_ours.c, c_t), ("n", final_ours.n, n_t),
                                ("m", final_ours.m, m_t)]:
-        torch.testing.assert_close(ours, theirs, **tol, msg=lambda msg, name=name: f"final {name} vs official: {msg}")
+        close(ours, theirs, f"final {name} vs official")
 
     # Gradients of the same loss: w.r.t. the input (mapped to our layout), R and the bias (= sum over B, T of dwx).
     w = torch.randn(out_ours.shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
     (out_theirs * w).sum().backward()
     (out_ours * w).sum().backward()
-    torch.testing.assert_close(wx.grad, to_wx(x_theirs.grad, torch.zeros_like(bias)), **tol,
-                               msg=lambda m: f"input gradient vs official: {m}")
-    torch.testing.assert_close(R_ours.grad, cell.recurrent_kernel.grad.reshape(HEADS, DH, 4 * DH), **tol,
-                               msg=lambda m: f"R gradient vs official recurrent kernel gradient: {m}")
-    torch.testing.assert_close(wx.grad.sum(dim=(0, 2)), cell.bias.grad.reshape(HEADS, 4 * DH), **tol,
-                               msg=lambda m: f"bias gradient vs official: {m}")
+    close(wx.grad, to_wx(x_theirs.grad, torch.zeros_like(bias)), "input gradient vs official")
+    close(R_ours.grad, cell.recurrent_kernel.grad.reshape(HEADS, DH, 4 * DH), "R gradient vs official recurrent kernel gradient")
+    close(wx.grad.sum(dim=(0, 2)), cell.bias.grad.reshape(HEADS, 4 * DH), "bias gradient vs official")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
@@ -115,11 +115,10 @@ def test_lstm_matches_official_vanilla_lstm_cell(dtype):
     h0 = torch.tanh(torch.randn(B, HEADS, DH, generator=g, dtype=dtype))
     out_theirs, final_theirs = cell(x, torch.stack([h0, c0]).reshape(2, B, HIDDEN))
     out_ours, final_ours = lstm_sequence(to_wx(x, bias), R, LSTMState(c0, h0))
-    tol = TOL[dtype]
-    torch.testing.assert_close(out_ours, out_theirs, **tol, msg=lambda m: f"LSTM outputs vs official: {m}")
+    close(out_ours, out_theirs, "LSTM outputs vs official")
     h_t, c_t = split_official_state(final_theirs)
-    torch.testing.assert_close(final_ours.h, h_t, **tol, msg=lambda m: f"LSTM final h vs official: {m}")
-    torch.testing.assert_close(final_ours.c, c_t, **tol, msg=lambda m: f"LSTM final c vs official: {m}")
+    close(final_ours.h, h_t, "LSTM final h vs official")
+    close(final_ours.c, c_t, "LSTM final c vs official")
 
 
 @pytest.mark.parametrize("cell_name", ["slstm", "lstm"])
@@ -148,5 +147,4 @@ def test_our_cell_matches_official_cell_on_its_own_preactivations(cell_name):
     theirs = official_cell(cell_name, ours.R.detach(), torch.zeros(HEADS, 4, DH, dtype=torch.float64), torch.float64)
     out, _ = theirs(torch.cat(pre, dim=-1))
     y_theirs = out.permute(0, 2, 1, 3).reshape(B, T, HIDDEN)
-    torch.testing.assert_close(y_ours, y_theirs, **TOL[torch.float64],
-                               msg=lambda m: f"{cell_name} cell vs official cell: {m}")
+    close(y_ours, y_theirs, f"{cell_name} cell vs official cell")

@@ -141,7 +141,7 @@ def test_every_shipped_recipe_has_a_step_signature(recipe):
     with torch.no_grad():
         y, *new = StepModule(model, sig)(x, *states)
         y_ref, state_ref = model.step(x, sig.unflatten(states))
-    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)  # exact: the wrapper runs the same step
     for got, want in zip(new, sig.flatten(state_ref)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert all(a is not b for a, b in zip(new, states)), "a state came back unchanged"
@@ -202,11 +202,11 @@ def test_slstm_zero_state_minus_inf_runs_in_onnxruntime(cell_exports):
     assert np.isfinite(y).all()
     for block in ("block0", "block1"):
         assert np.isfinite(new[f"{block}.slstm.m"]).all()
-        np.testing.assert_allclose(new[f"{block}.slstm.n"], 1.0, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(new[f"{block}.slstm.n"], 1.0, rtol=0, atol=1e-6)  # n = 1 after one token, fp32
     model = small_lm("slstm").eval()
     with torch.no_grad():
         y_ref, _ = model.step(x, model.init_state(2))
-    np.testing.assert_allclose(y, y_ref.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y, y_ref.numpy(), rtol=1e-4, atol=1e-5)  # onnxruntime vs PyTorch: export validation's fp32 step bound
     # a runtime that cannot hold -inf may feed any m <= -1e30: the first step is then bit-identical
     finite = [np.where(np.isneginf(s.numpy()), np.float32(-1e30), s.numpy()) for s in zero]
     y_finite, states_finite = ort_step(x.numpy(), finite)
@@ -373,7 +373,7 @@ def test_cli_onnx_from_a_checkpoint_end_to_end(tmp_path, run_cli):
     y, _ = OrtStep(out_dir / "step.onnx", sig)(np.array([3, 4]), [s.numpy() for s in sig.zero_state(2)])
     with torch.no_grad():
         y_ref, _ = model.eval().step(torch.tensor([3, 4]), model.init_state(2))
-    np.testing.assert_allclose(y, y_ref.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y, y_ref.numpy(), rtol=1e-4, atol=1e-5)  # onnxruntime vs PyTorch: export validation's fp32 step bound
 
 
 def test_cli_tensorrt_without_tensorrt_writes_onnx_and_prints_trtexec(tmp_path, run_cli):
