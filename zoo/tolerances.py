@@ -95,7 +95,7 @@ def assert_close(actual, expected, *, kind: str, what: str, dtype: torch.dtype |
     if bad.any():
         excess = torch.where(bad, torch.nan_to_num(diff - allowed, nan=float("inf")), torch.zeros_like(diff))
         index = tuple(int(i) for i in torch.unravel_index(excess.flatten().argmax(), excess.shape))
-        scale_note = f", max|expected| = {scale:.3g}" if tol.scaled else ""
+        scale_note = f", max|expected| = {scale:.6g}" if tol.scaled else ""
         raise AssertionError(
             f"{what}: {int(bad.sum())} of {bad.numel()} elements differ ({kind} tolerance, "
             f"{str(precision).removeprefix('torch.')}); worst at index {index}: "
