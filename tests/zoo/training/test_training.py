@@ -64,6 +64,7 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     assert load_checkpoint(tmp_path / "split" / "checkpoint.pt")[2]["step"] == 20
     train(recipe, tmp_path / "split")
     _, resumed, _ = load_checkpoint(tmp_path / "split" / "checkpoint.pt")
+    # exact: a resumed run replays the same steps bit for bit
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m, name=name: f"{name} differs after resume: {m}")
     records = read_metrics(tmp_path / "split" / "metrics.jsonl")
