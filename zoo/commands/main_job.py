@@ -13,9 +13,10 @@ from rich.progress import Progress
 
 from xlstm_zoo.commands.output import show, table
 from xlstm_zoo.commands.recipes import RECIPE_HELP
+from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
-from xlstm_zoo.grid.runner import progress_columns, read_result, run_grid
+from xlstm_zoo.grid.runner import cell_states, progress_columns, read_result, run_grid
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
@@ -24,8 +25,8 @@ from xlstm_zoo.training.trainer import train
 SET_HELP = "override a field, e.g. --set train.steps=100 (repeatable; applied after --profile)"
 
 
-def _recipe_arguments(parser, profile_help: str) -> None:
-    parser.add_argument("recipe", help=RECIPE_HELP)
+def _recipe_arguments(parser, profile_help: str, optional: bool = False) -> None:
+    parser.add_argument("recipe", help=RECIPE_HELP, **({"nargs": "?"} if optional else {}))
     parser.add_argument("--profile", help=profile_help)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help=SET_HELP)
 
@@ -36,9 +37,15 @@ def _train_arguments(parser) -> None:
 
 
 def _grid_arguments(parser) -> None:
-    _recipe_arguments(parser, "a named profile of the recipe, e.g. quick or full")
+    _recipe_arguments(parser, "a named profile of the recipe, e.g. quick or full", optional=True)
     parser.add_argument("--out", help="run directory (default: runs/<recipe name>[-<profile>])")
     parser.add_argument("--dry-run", action="store_true", help="list the cells and their state, run nothing")
+    parser.add_argument("--status", metavar="RUN_DIR",
+                        help="show each cell of a run directory: finished / failed / running (attempt, host, step) "
+                             "/ to run; needs no recipe")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="leave cells that another launch on the same --out is training to it, instead of "
+                             "waiting for them")
     parser.add_argument("--retry-failed", action="store_true", help="run failed cells again")
     parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                         help="train N cells at once in worker processes (default 1; small models: one per core)")
@@ -72,6 +79,14 @@ def default_out(recipe, profile: str | None) -> Path:
 
 
 def cmd_grid(args) -> int:
+    if args.status:
+        if args.recipe:
+            raise ConfigError(f"grid --status reads a run directory, not a recipe: drop {args.recipe!r} "
+                              f"(use `xlstm-zoo grid --status {args.status}`)")
+        return _show_status(Path(args.status))
+    if not args.recipe:
+        raise ConfigError("grid needs a RECIPE (a name from `xlstm-zoo recipes` or a .yaml file), "
+                          "or --status RUN_DIR")
     recipe = _load(args)
     out = Path(args.out) if args.out else default_out(recipe, args.profile)
     if args.dry_run:
@@ -87,13 +102,34 @@ def cmd_grid(args) -> int:
         return 0
     plugins = list(getattr(args, "plugins", []))  # --plugin modules: workers load them too
     setup = functools.partial(configure, strict=None, modules=plugins) if plugins else None
-    counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs, worker_setup=setup)
+    counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs, worker_setup=setup,
+                      wait=not args.no_wait)
     report = build_report(out)
     files = write_report(report, out)
     sys.stdout.write(report.markdown())
     Console(stderr=True).print(f"{counts['ran']} cells ran, {counts['skipped']} already done, "
-                               f"{counts['failed']} failed; wrote {_written(files)}")
+                               f"{counts['failed']} failed"
+                               + (f", {counts['busy']} left to another launch" if counts["busy"] else "")
+                               + f"; wrote {_written(files)}")
     return 1 if counts["failed"] else 0
+
+
+def _show_status(run_dir: Path) -> int:
+    if not run_dir.is_dir():
+        raise ConfigError(f"--status {run_dir}: no such directory (give a grid's run directory, e.g. runs/<name>)")
+    try:
+        states = cell_states(run_dir)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+    tally = {}
+    for row in states:
+        tally[row["state"]] = tally.get(row["state"], 0) + 1
+    title = f"{len(states)} cells in {run_dir}: " + ", ".join(f"{n} {state}" for state, n in tally.items())
+    rows = table("cell", "state", "detail", title=title)
+    for row in states:
+        rows.add_row(row["id"], row["state"], row["detail"])
+    show(rows)
+    return 0
 
 
 def cmd_report(args) -> int:
