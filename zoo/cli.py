@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         registry.load()  # core and plugins: components and commands
         parser = _parser()
         args = parser.parse_args(argv)
+        args.argv = argv  # the command line as given (train --nproc re-runs it under torchrun)
         if not getattr(args, "command", None):
             parser.print_help()
             return 2

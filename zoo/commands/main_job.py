@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from xlstm_zoo.grid.runner import cell_states, progress_columns, read_result, ru
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
+from xlstm_zoo.training.distributed import DistContext, check_split
 from xlstm_zoo.training.trainer import train
 
 SET_HELP = "override a field, e.g. --set train.steps=100 (repeatable; applied after --profile)"
@@ -34,6 +37,9 @@ def _recipe_arguments(parser, profile_help: str, optional: bool = False) -> None
 def _train_arguments(parser) -> None:
     _recipe_arguments(parser, "a named profile of the recipe, e.g. quick")
     parser.add_argument("--out", help="run directory for metrics.jsonl and checkpoint.pt (default: none)")
+    parser.add_argument("--nproc", type=_positive_int, default=1, metavar="N",
+                        help="train data-parallel in N processes on this machine (torchrun --standalone; gloo on "
+                             "CPU, NCCL on CUDA); train.batch_size stays the global batch")
 
 
 def _grid_arguments(parser) -> None:
@@ -67,10 +73,34 @@ def _load(args):
 
 def cmd_train(args) -> int:
     recipe = _load(args)
-    with Progress(*progress_columns(), console=Console(stderr=True)) as progress:
+    if args.nproc > 1:
+        if "RANK" in os.environ:
+            raise ConfigError("--nproc starts its own processes: drop it when running under torchrun")
+        check_split(recipe.train.batch_size, args.nproc, recipe.train.micro_batches, recipe._source)
+        return _launch_torchrun(args.nproc, args.argv)
+    rank0 = DistContext.from_env().is_main
+    with Progress(*progress_columns(), console=Console(stderr=True), disable=not rank0) as progress:
         result = train(recipe, args.out, progress=progress, description=recipe.name or "training")
-    print(json.dumps(result, indent=2))
+    if rank0:
+        print(json.dumps(result, indent=2))
     return 0
+
+
+def _launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """Run this same command line in ``nproc`` processes under torchrun (``--standalone``: a free
+    local port, so launches side by side don't collide); each process is ``python -m xlstm_zoo``."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):  # drop --nproc N / --nproc=N
+        if arg == "--nproc":
+            del argv[i:i + 2]
+            break
+        if arg.startswith("--nproc="):
+            del argv[i]
+            break
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "xlstm_zoo", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
+    return subprocess.call(command, env=env)
 
 
 def default_out(recipe, profile: str | None) -> Path:

@@ -21,6 +21,8 @@ from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
 
 # Sections that describe the grid itself, not what a cell trains.
 GRID_ONLY = ("name", "description", "grid", "report", "profiles")
+# (section, field, default) of result-relevant fields added after the first grids were run.
+ADDED_LATER = (("train", "micro_batches", 1),)
 
 
 @dataclass
@@ -75,6 +77,11 @@ def _resolve(recipe, variant, overrides, labels) -> Cell:
 def recipe_digest(recipe) -> str:
     """A digest of everything that determines a cell's result (not its name or the grid around it)."""
     content = {k: v for k, v in recipe.model_dump(mode="json").items() if k not in GRID_ONLY}
+    # Fields added after grids were first run leave the digest as it was while they hold their
+    # default, so existing run directories keep their cell ids (and their results).
+    for section, field, default in ADDED_LATER:
+        if content.get(section, {}).get(field) == default:
+            del content[section][field]
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
