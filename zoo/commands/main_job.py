@@ -18,7 +18,8 @@ from xlstm_zoo.commands.recipes import RECIPE_HELP
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
-from xlstm_zoo.grid.runner import cell_states, progress_columns, read_result, run_grid
+from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
+from xlstm_zoo.grid.runner import LocalExecutor, cell_states, progress_columns, read_result, run_grid
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
@@ -55,6 +56,12 @@ def _grid_arguments(parser) -> None:
     parser.add_argument("--retry-failed", action="store_true", help="run failed cells again")
     parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                         help="train N cells at once in worker processes (default 1; small models: one per core)")
+    parser.add_argument("--executor", choices=("local", "ray"),
+                        help="where cells run: local (this process, or --jobs workers) or ray (one Ray task per "
+                             "cell, resources from launch.*); default: the recipe's launch.executor")
+    parser.add_argument("--address", metavar="ADDR",
+                        help="ray: the cluster to use ('auto': this machine's; 'ray://host:10001'); default: the "
+                             "recipe's launch.address, else a private Ray on this machine")
 
 
 def _positive_int(text: str) -> int:
@@ -133,7 +140,7 @@ def cmd_grid(args) -> int:
     plugins = list(getattr(args, "plugins", []))  # --plugin modules: workers load them too
     setup = functools.partial(configure, strict=None, modules=plugins) if plugins else None
     counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs, worker_setup=setup,
-                      wait=not args.no_wait)
+                      wait=not args.no_wait, executor=_executor(args, recipe))
     report = build_report(out)
     files = write_report(report, out)
     sys.stdout.write(report.markdown())
@@ -142,6 +149,19 @@ def cmd_grid(args) -> int:
                                + (f", {counts['busy']} left to another launch" if counts["busy"] else "")
                                + f"; wrote {_written(files)}")
     return 1 if counts["failed"] else 0
+
+
+def _executor(args, recipe):
+    kind = args.executor or recipe.launch.executor
+    if kind == "local":
+        if args.address:
+            raise ConfigError("--address is for --executor ray (the local executor runs on this machine)")
+        return LocalExecutor(args.jobs)
+    if args.jobs > 1:
+        raise ConfigError("--jobs is for the local executor; with ray, each cell takes launch.cpus cores "
+                          "(e.g. --set launch.cpus=2) and Ray runs as many at once as fit")
+    import_ray()  # a missing Ray is one clear line before anything starts
+    return RayExecutor(args.address or recipe.launch.address)
 
 
 def _show_status(run_dir: Path) -> int:

@@ -20,7 +20,7 @@ from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
 
 # Sections that describe the grid itself, not what a cell trains.
-GRID_ONLY = ("name", "description", "grid", "report", "profiles")
+GRID_ONLY = ("name", "description", "grid", "report", "profiles", "launch")
 # (section, field, default) of result-relevant fields added after the first grids were run.
 ADDED_LATER = (("train", "micro_batches", 1),)
 
@@ -38,6 +38,10 @@ class Cell:
 
 def expand(recipe) -> list[Cell]:
     grid = recipe.grid or GridConfig()
+    swept = [p for p in [*grid.axes, *(p for group in grid.zipped for p in group)] if p.split(".")[0] == "launch"]
+    if swept:
+        raise ConfigError(f"{swept[0]} cannot be a grid axis: launch settings say how cells run, not what they "
+                          "compute (set them for all cells with --set, or per variant)", path="grid", file=recipe._source)
     variants = list(grid.variants.items()) or [(None, {})]
     axes = [[(path, value) for value in values] for path, values in grid.axes.items()]
     zipped = [[list(zip(group, values)) for values in zip(*group.values())] for group in grid.zipped]

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import socket
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import yaml
@@ -35,7 +37,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
-from xlstm_zoo.grid.expand import Cell, expand
+from xlstm_zoo.errors import ZooError
+from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import train
@@ -73,7 +76,7 @@ def progress_columns() -> list:
 
 def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None,
              jobs: int = 1, worker_setup: Callable[[], None] | None = None, wait: bool = True,
-             poll_s: float = 2.0) -> dict:
+             poll_s: float = 2.0, executor=None) -> dict:
     """Run every cell that has no result yet; returns counts of ran/skipped/failed/busy cells.
 
     ``jobs > 1`` trains that many cells at once in worker processes (``spawn``ed, each with
@@ -81,7 +84,11 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
     line passes its ``--plugin`` loading there).
     Small models gain most: their training steps are too short to keep two cores busy.
     Cells another launch holds are waited for (``wait``) or counted as ``busy`` and left to it.
+    ``executor`` runs a list of cells (an object with ``run(cells, job)``, e.g.
+    :class:`xlstm_zoo.grid.ray_executor.RayExecutor`); by default this process or ``jobs`` workers.
+    It is only called when there is something to run.
     """
+    executor = executor or LocalExecutor(jobs)
     out_dir = Path(out_dir)
     cells = expand(recipe)
     since = time.time()
@@ -104,12 +111,7 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
 
         while todo:
             busy.clear()
-            if jobs <= 1:
-                for cell in todo:
-                    progress.update(overall, info=cell.id)
-                    record(cell, run_cell(cell, out_dir, progress=progress, retry_failed=retry_failed, since=since))
-            else:
-                _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record, retry_failed, since)
+            executor.run(todo, GridJob(out_dir, progress, overall, record, retry_failed, since, worker_setup))
             if not busy:
                 break
             if not wait:
@@ -119,6 +121,57 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
                 break
             todo = _wait_for_release(busy, out_dir, progress, overall, poll_s)
     return counts
+
+
+@dataclass
+class GridJob:
+    """What an executor needs besides the cells: where, how to report, and the run's settings."""
+
+    out_dir: Path
+    progress: Progress
+    overall: Any                       # the grid's progress-bar task
+    record: Callable[[Cell, dict], None]  # call once per cell with its result (status busy: held elsewhere)
+    retry_failed: bool = False
+    since: float | None = None         # results written after this are this launch's (or a concurrent one's)
+    worker_setup: Callable[[], None] | None = None  # picklable; run first in every worker process
+
+    def say(self, result: dict) -> None:
+        if result["status"] in ("finished", "failed"):
+            self.progress.console.print(f"  {result['status']:8s} {result['id']}  ({result.get('seconds', 0):.0f} s)")
+
+
+class LocalExecutor:
+    """Cells in this process, one after another, or in ``jobs`` spawned worker processes."""
+
+    name = "local"
+
+    def __init__(self, jobs: int = 1):
+        self.jobs = jobs
+
+    def run(self, cells: list[Cell], job: GridJob) -> None:
+        if self.jobs > 1:
+            _run_parallel(cells, job.out_dir, self.jobs, job.worker_setup, job.progress, job.overall, job.record,
+                          job.retry_failed, job.since)
+            return
+        for cell in cells:
+            job.progress.update(job.overall, info=cell.id)
+            job.record(cell, run_cell(cell, job.out_dir, progress=job.progress, retry_failed=job.retry_failed,
+                                      since=job.since))
+
+
+def record_failure(cell: Cell, out_dir: Path, error: str, executor: str) -> dict:
+    """Write a failed result for a cell whose worker could not (it died, was cancelled or could not
+    start), under the cell's claim; ``busy`` if someone else holds the cell."""
+    cell_dir = out_dir / "cells" / cell.id
+    try:
+        claim = acquire(cell_dir, executor=executor)
+    except CellBusy as busy:
+        return {"status": "busy", "id": cell.id, "holder": str(busy)}
+    with claim:
+        result = {"status": "failed", "error": error, "id": cell.id, "labels": cell.labels, "digest": cell.digest,
+                  "attempt": claim.attempt - 1, "seconds": 0.0}
+        write_json(cell_dir / RESULT, result)
+    return result
 
 
 def _holder(out_dir: Path, cell: Cell) -> str:
@@ -189,7 +242,7 @@ def _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record, 
     context = multiprocessing.get_context("spawn")  # no fork: torch's thread pools do not survive it
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
                              initargs=(threads, worker_setup)) as pool:
-        futures = {pool.submit(_worker_run_cell, _portable(cell), str(out_dir), retry_failed, since): cell for cell in todo}
+        futures = {pool.submit(worker_run_cell, portable(cell), str(out_dir), retry_failed, since): cell for cell in todo}
         progress.update(overall, info=f"{jobs} cells at a time, {threads} thread(s) each")
         try:
             for future in as_completed(futures):
@@ -203,7 +256,7 @@ def _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record, 
             raise
 
 
-def _portable(cell: Cell) -> Cell:
+def portable(cell: Cell) -> Cell:
     """The cell with its recipe as plain data, so a spawned worker can rebuild it from its own registry."""
     data = cell.recipe.model_dump() if cell.recipe is not None else None
     return Cell(cell.id, cell.labels, cell.overrides, data, cell.digest, cell.error)
@@ -215,10 +268,20 @@ def _worker_init(threads: int, worker_setup: Callable[[], None] | None) -> None:
         worker_setup()
 
 
-def _worker_run_cell(cell: Cell, out_dir: str, retry_failed: bool = False, since: float | None = None) -> dict:
+def worker_run_cell(cell: Cell, out_dir: str, retry_failed: bool = False, since: float | None = None,
+                     executor: str = "local") -> dict:
+    """Run a :func:`portable` cell in a worker process: rebuild its recipe from this process's
+    registry and check that it means the same as in the driver."""
+    out = Path(out_dir)
+    if not (out / "grid.json").exists():
+        raise ZooError(f"{out} is not visible on {socket.gethostname()}: the run directory must be on storage "
+                       "every worker mounts at the same path")
     if cell.recipe is not None:
         cell.recipe = load_recipe(cell.recipe)
-    return run_cell(cell, Path(out_dir), retry_failed=retry_failed, since=since)
+        if recipe_digest(cell.recipe) != cell.digest:
+            return record_failure(cell, out, f"ZooError: {socket.gethostname()} resolves this cell differently from "
+                                  "the driver (another xlstm-zoo or plugin version?)", executor)
+    return run_cell(cell, out, retry_failed=retry_failed, since=since, executor=executor)
 
 
 def cell_states(out_dir: str | Path) -> list[dict]:

@@ -206,7 +206,7 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
 
 def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> int:
     saved_recipe, saved_model, extra = load_checkpoint(path)
-    if saved_recipe != recipe:
+    if saved_recipe.model_dump(exclude={"launch"}) != recipe.model_dump(exclude={"launch"}):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     model.load_state_dict(saved_model.state_dict())
