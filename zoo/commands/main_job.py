@@ -6,7 +6,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from xlstm_zoo.grid.runner import LocalExecutor, cell_states, progress_columns, 
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
-from xlstm_zoo.training.distributed import DistContext, check_split
+from xlstm_zoo.training.distributed import DistContext, check_split, run_torchrun
 from xlstm_zoo.training.trainer import train
 
 SET_HELP = "override a field, e.g. --set train.steps=100 (repeatable; applied after --profile)"
@@ -94,8 +93,7 @@ def cmd_train(args) -> int:
 
 
 def _launch_torchrun(nproc: int, argv: list[str]) -> int:
-    """Run this same command line in ``nproc`` processes under torchrun (``--standalone``: a free
-    local port, so launches side by side don't collide); each process is ``python -m xlstm_zoo``."""
+    """Run this same command line in ``nproc`` processes under torchrun (``python -m xlstm_zoo``)."""
     argv = list(argv)
     for i, arg in enumerate(argv):  # drop --nproc N / --nproc=N
         if arg == "--nproc":
@@ -104,10 +102,8 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
         if arg.startswith("--nproc="):
             del argv[i]
             break
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "xlstm_zoo", *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
-    return subprocess.call(command, env=env)
+    return run_torchrun(nproc, argv, threads=int(os.environ["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in os.environ
+                        else None).returncode
 
 
 def default_out(recipe, profile: str | None) -> Path:

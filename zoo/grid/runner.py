@@ -40,6 +40,7 @@ from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.errors import ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
 from xlstm_zoo.recipe import load_recipe
+from xlstm_zoo.training.distributed import check_split, run_torchrun
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import train
 
@@ -227,14 +228,33 @@ def run_cell(cell: Cell, out_dir: Path, *, progress=None, retry_failed: bool = F
             atomic_write(cell_dir / "recipe.yaml",
                          lambda f: f.write(yaml.safe_dump(cell.recipe.model_dump(), sort_keys=False).encode()))
             try:
-                result = {"status": "finished", **train(cell.recipe, cell_dir, progress=progress,
-                                                        description=f"  {cell.id[:40]}")}
+                if cell.recipe.launch.nproc > 1:
+                    result = {"status": "finished", **_train_data_parallel(cell.recipe, cell_dir)}
+                else:
+                    result = {"status": "finished", **train(cell.recipe, cell_dir, progress=progress,
+                                                            description=f"  {cell.id[:40]}")}
             except Exception as err:  # a failing cell is recorded and the grid goes on
                 result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
         result.update(id=cell.id, labels=cell.labels, digest=cell.digest, attempt=claim.attempt,
                       seconds=round(time.time() - started, 2))
         write_json(cell_dir / RESULT, result)
     return result
+
+
+def _train_data_parallel(recipe, cell_dir: Path) -> dict:
+    """Train a cell in ``launch.nproc`` processes on this machine (torchrun; they read the cell's
+    recipe.yaml, rank 0 writes); the same training as one process, to rounding."""
+    launch = recipe.launch
+    check_split(recipe.train.batch_size, launch.nproc, recipe.train.micro_batches, recipe._source)
+    proc = run_torchrun(launch.nproc, ["train", str(cell_dir / "recipe.yaml"), "--out", str(cell_dir)],
+                        threads=max(1, launch.cpus // launch.nproc), capture=True)
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        ours = [line for line in lines if line.startswith("error:")]  # a rank's one-line error (cli)
+        theirs = [line for line in lines if "Error" in line]
+        reason = (ours or theirs or lines or ["no output"])[-1]
+        raise ZooError(f"{launch.nproc} data-parallel processes failed (exit {proc.returncode}): {reason}")
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
 
 
 def _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record, retry_failed, since) -> None:

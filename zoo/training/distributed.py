@@ -15,8 +15,13 @@ rank 0 writes files.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import functools
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -110,3 +115,47 @@ def reduce_scores(scores: dict[str, tuple[float, int]], ctx: DistContext) -> dic
             old = total.get(name, (0.0, 0))
             total[name] = (old[0] + s, old[1] + n)
     return total
+
+
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """``python -m torch.distributed.run --standalone`` (a free local port: launches side by side
+    don't collide) running ``python -m xlstm_zoo ARGV`` in ``nproc`` processes."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "xlstm_zoo", *argv]
+
+
+def _prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # Linux; resolved before fork, so the child takes no lock
+    except (OSError, AttributeError):
+        return None
+
+
+def _die_with_parent(prctl, parent: int) -> None:  # runs in the child between fork and exec
+    if prctl is None:
+        return
+    prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def run_torchrun(nproc: int, argv: list[str], *, threads: int | None = None, capture: bool = False):
+    """Run :func:`torchrun_command` as a child that cannot outlive this process (killed with it,
+    SIGKILL included, on Linux; torchrun then stops its ranks) nor an interrupt of it.
+    Returns the ``CompletedProcess`` (stdout and stderr as text when ``capture``)."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nproc))
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(torchrun_command(nproc, argv), env=env, stdout=pipe, stderr=pipe, text=True,
+                            start_new_session=True, preexec_fn=functools.partial(_die_with_parent, _prctl(), os.getpid()))
+    try:
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:  # interrupted: stop torchrun (it stops its ranks), then make sure
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
