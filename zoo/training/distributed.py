@@ -151,8 +151,8 @@ def run_torchrun(nproc: int, argv: list[str], *, threads: int | None = None, cap
     try:
         out, err = proc.communicate()
     finally:
-        if proc.poll() is None:  # interrupted: stop torchrun (it stops its ranks), then make sure
-            os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:  # interrupted: Ctrl-C to torchrun and its ranks (rank 0 checkpoints), then make sure
+            os.killpg(proc.pid, signal.SIGINT)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

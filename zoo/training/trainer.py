@@ -132,44 +132,54 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
     bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
     model.train()
     tokens_seen, t0, last_loss = 0, time.perf_counter(), float("nan")
-    for step in range(start, cfg.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(device)
-        if plain:
-            with _autocast(device, cfg.precision):
-                logits, _ = model(batch.tokens)
-            loss = task.loss(logits.float(), batch)
-        else:
-            optimizer.zero_grad(set_to_none=True)
-            loss = _accumulate(forward, task, batch, rows, cfg, ctx, device)
-        if not torch.isfinite(loss):  # the same value on every rank: they all stop here
-            where = f"; the last good checkpoint is {run_dir / CHECKPOINT}" if run_dir and (run_dir / CHECKPOINT).exists() else ""
-            log.write({"step": step + 1, "event": "diverged", "loss": str(loss.item())})
-            raise TrainingDiverged(f"training diverged at step {step + 1}: loss is {loss.item()}{where} "
-                                   "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
-        if plain:
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+    safe, saved = None, start
+    try:
+        for step in range(start, cfg.steps):
+            safe = step  # weights, optimizer and metrics.jsonl are exactly those after `step` steps
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+            batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(device)
+            if plain:
+                with _autocast(device, cfg.precision):
+                    logits, _ = model(batch.tokens)
+                loss = task.loss(logits.float(), batch)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                loss = _accumulate(forward, task, batch, rows, cfg, ctx, device)
+            if not torch.isfinite(loss):  # the same value on every rank: they all stop here
+                where = f"; the last good checkpoint is {run_dir / CHECKPOINT}" if run_dir and (run_dir / CHECKPOINT).exists() else ""
+                log.write({"step": step + 1, "event": "diverged", "loss": str(loss.item())})
+                raise TrainingDiverged(f"training diverged at step {step + 1}: loss is {loss.item()}{where} "
+                                       "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
+            if plain:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            if cfg.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            safe = None  # weights change now: an interrupt from here to the next step saves nothing
+            optimizer.step()
 
-        done = step + 1
-        last_loss = loss.item()
-        tokens_seen += batch.tokens.numel()
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            log.write({"step": done, "split": "train", "loss": last_loss, "lr": optimizer.param_groups[0]["lr"]})
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-            for split in cfg.eval_splits:
-                log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
-                                                                    precision=cfg.precision, ctx=ctx)})
-        if run_dir is not None and ctx.is_main and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 \
-                and done < cfg.steps:
-            save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
-        if bar is not None:
-            rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
-            progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+            done = step + 1
+            last_loss = loss.item()
+            tokens_seen += batch.tokens.numel()
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                log.write({"step": done, "split": "train", "loss": last_loss, "lr": optimizer.param_groups[0]["lr"]})
+            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                for split in cfg.eval_splits:
+                    log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
+                                                                        precision=cfg.precision, ctx=ctx)})
+            if run_dir is not None and ctx.is_main and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 \
+                    and done < cfg.steps:
+                save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
+                saved = done
+            if bar is not None:
+                rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
+                progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+    except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
+        if run_dir is not None and ctx.is_main and safe is not None and safe > saved:
+            save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=safe)
+            log.write({"step": safe, "event": "interrupted"})
+        raise
 
     final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
              for split in cfg.eval_splits}
