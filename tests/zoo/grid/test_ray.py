@@ -147,3 +147,15 @@ def test_the_local_path_never_imports_ray(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_documented_launch_section_is_the_schema():
+    import re
+
+    import yaml
+
+    text = (TESTS.parent / "docs" / "scale-out.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if b.startswith("launch:"))
+    documented = yaml.safe_load(block)["launch"]
+    recipe = load_recipe({**grid_recipe(), "launch": documented})
+    assert recipe.launch.model_dump() == documented, "every field, with its default"
