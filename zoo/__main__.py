@@ -2,4 +2,5 @@
 
 from xlstm_zoo.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing the module (e.g. to check the wheel) runs nothing
+    raise SystemExit(main())

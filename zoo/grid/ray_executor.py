@@ -110,7 +110,9 @@ class RayExecutor:
                 self._enforce_timeouts(ray, refs, job.out_dir, timed_out)
         except BaseException:  # Ctrl-C or an error in the driver: stop every cell of this launch
             for ref in refs:
-                ray.cancel(ref)
+                ray.cancel(ref)  # KeyboardInterrupt in the running trainers: they checkpoint, then stop
+            if refs:
+                ray.wait(list(refs), num_returns=len(refs), timeout=30)
             raise
         finally:
             if started_here:

@@ -125,18 +125,27 @@ sys.exit(main(["grid", {recipe!r}, "--out", {out!r}]))
 
 def test_two_concurrent_launches_run_each_cell_once(tmp_path):
     recipe_path = tmp_path / "grid.yaml"
-    recipe_path.write_text(json.dumps(grid_recipe(steps=60)))
+    recipe_path.write_text(json.dumps(grid_recipe(steps=600)))  # a few seconds per cell
     out = tmp_path / "run"
     code = DRIVER.format(tests=str(TESTS), recipe=str(recipe_path), out=str(out))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-             for _ in range(2)]
+
+    def launch():
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+    first = launch()
+    deadline = time.time() + 120
+    while not list(out.glob("cells/*/claim.json")):  # the first launch is training its first cell
+        assert time.time() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.05)
+    procs = [first, launch()]
     outputs = [p.communicate(timeout=300) for p in procs]
     for proc, (_, err) in zip(procs, outputs):
         assert proc.returncode == 0, err.decode()[-2000:]
     summaries = [err.decode() for _, err in outputs]
-    ran = sum(int(s.split(" cells ran")[0].split()[-1]) for s in summaries)
-    assert ran == 4, f"each cell ran exactly once across the two launches: {summaries}"
+    ran = [int(s.split(" cells ran")[0].split()[-1]) for s in summaries]
+    assert sum(ran) == 4, f"each cell ran exactly once across the two launches: {summaries}"
+    assert min(ran) >= 1, f"the launches overlapped and shared the cells: {ran}"
     for cell in (out / "cells").iterdir():
         attempts = (cell / "attempts.jsonl").read_text().splitlines()
         assert len(attempts) == 1, f"{cell.name} was claimed {len(attempts)} times"
