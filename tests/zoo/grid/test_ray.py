@@ -17,6 +17,7 @@ from xlstm_zoo.grid import ray_executor
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report
 from xlstm_zoo.grid.runner import run_grid
+from xlstm_zoo.training.trainer import train
 
 import dying_task
 
@@ -159,3 +160,25 @@ def test_the_documented_launch_section_is_the_schema():
     documented = yaml.safe_load(block)["launch"]
     recipe = load_recipe({**grid_recipe(), "launch": documented})
     assert recipe.launch.model_dump() == documented, "every field, with its default"
+
+
+@pytest.mark.slow
+def test_a_data_parallel_cell_runs_inside_its_ray_task(ray_local, tmp_path):
+    data = {"name": "ray-ddp",
+            "model": {"type": "causal_lm", "vocab_size": None, "dim": 16, "stack": {
+                "type": "xlstm", "pattern": "l", "blocks": {"l": {"type": "plain", "cell": {"type": "lstm"}}}}},
+            "task": {"type": "parity", "train_lengths": [2, 6], "test_lengths": [7, 8], "eval_sequences": 64},
+            "train": {"steps": 20, "batch_size": 16, "lr": 0.01, "warmup_steps": 2, "log_every": 5,
+                      "eval_splits": ["valid"]},
+            "grid": {"seeds": [0]}, "launch": {"executor": "ray", "cpus": 2, "nproc": 2}}
+    assert ray_grid(load_recipe(data), tmp_path / "run")["ran"] == 1
+    cell = next((tmp_path / "run" / "cells").iterdir())
+    result = json.loads((cell / "result.json").read_text())
+    assert result["status"] == "finished" and result["world_size"] == 2, result
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(load_recipe({**data, "grid": None}, ["train.micro_batches=2"]), tmp_path / "reference")
+    finally:
+        torch.set_num_threads(threads)
+    assert (cell / "metrics.jsonl").read_text() == (tmp_path / "reference" / "metrics.jsonl").read_text()
