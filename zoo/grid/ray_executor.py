@@ -128,7 +128,7 @@ class RayExecutor:
             error = f"{type(cause).__name__}: {_first_line(cause)}"
         except ray.exceptions.RayError as err:  # the worker or node died, also after every retry
             error = f"{type(err).__name__} after {cell.recipe.launch.max_retries} retries: {_first_line(err)}"
-        return record_failure(cell, out_dir, error, self.name)
+        return record_failure(cell, out_dir, error, self.name, grace_s=30.0)  # a killed worker may take a moment
 
     def _enforce_timeouts(self, ray, refs: dict, out_dir: Path, timed_out: dict) -> None:
         for ref, cell in refs.items():

@@ -160,10 +160,14 @@ class LocalExecutor:
                                       since=job.since))
 
 
-def record_failure(cell: Cell, out_dir: Path, error: str, executor: str) -> dict:
+def record_failure(cell: Cell, out_dir: Path, error: str, executor: str, grace_s: float = 0.0) -> dict:
     """Write a failed result for a cell whose worker could not (it died, was cancelled or could not
-    start), under the cell's claim; ``busy`` if someone else holds the cell."""
+    start), under the cell's claim; ``busy`` if someone else holds the cell. ``grace_s``: how long
+    to wait for the claim of a worker that is being killed to become stale."""
     cell_dir = out_dir / "cells" / cell.id
+    deadline = time.time() + grace_s
+    while (claim := read_claim(cell_dir)) and not claim["stale"] and time.time() < deadline:
+        time.sleep(0.2)
     try:
         claim = acquire(cell_dir, executor=executor)
     except CellBusy as busy:

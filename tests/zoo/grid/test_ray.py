@@ -182,3 +182,16 @@ def test_a_data_parallel_cell_runs_inside_its_ray_task(ray_local, tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert (cell / "metrics.jsonl").read_text() == (tmp_path / "reference" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_an_attempt_past_its_timeout_is_cancelled_and_recorded(ray_local, tmp_path):
+    data = grid_recipe(steps=100000, checkpoint_every=50)
+    data["grid"] = {"seeds": [0]}
+    data["launch"]["timeout_min"] = 0.05  # 3 s
+    counts = ray_grid(load_recipe(data), tmp_path)
+    assert counts == {"ran": 0, "skipped": 0, "failed": 1, "busy": 0}
+    cell = next((tmp_path / "cells").iterdir())
+    result = json.loads((cell / "result.json").read_text())
+    assert result["error"] == "timed out after 0.05 min (attempt 1)", result
+    assert not (cell / "claim.json").exists()
