@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
+    except KeyboardInterrupt:
+        if options.debug:
+            raise
+        Console(stderr=True).print("interrupted: finished work is kept; the same command resumes", highlight=False)
+        return 130
 
 
 def _global_options(add_help: bool = True) -> argparse.ArgumentParser:
