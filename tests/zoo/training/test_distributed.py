@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +33,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 # A torchrun entry for fault injection (test-only): patches the trainer, then runs the command line.
 DRIVER = """
 import os, sys
-from pathlib import Path
 import torch
 from xlstm_zoo.training import trainer
 from xlstm_zoo.tasks.base import Task
