@@ -15,6 +15,7 @@ from rich.progress import Progress
 from xlstm_zoo.commands.output import show, table
 from xlstm_zoo.commands.recipes import RECIPE_HELP
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.grid.claims import describe, read_claim
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
 from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
@@ -130,6 +131,9 @@ def cmd_grid(args) -> int:
             result = read_result(out / "cells" / cell.id)
             state = ("invalid: " + cell.error) if cell.error else (
                 result["status"] if result and result.get("digest") == cell.digest else "to run")
+            claim = read_claim(out / "cells" / cell.id)
+            if claim and not claim["stale"]:
+                state = f"running ({describe(claim)})"
             rows.add_row(cell.id, ", ".join(f"{p}={v}" for p, v in cell.overrides), state)
         show(rows)
         return 0

@@ -179,3 +179,12 @@ def test_grid_command_line_errors(tmp_path, run_cli):
     assert code != 0 and "grid needs a RECIPE" in err and "--status RUN_DIR" in err
     code, _, err = run_cli("grid", "formal_languages", "--status", tmp_path)
     assert code != 0 and "drop 'formal_languages'" in err
+
+
+def test_dry_run_shows_a_held_cell_as_running(tmp_path, run_cli):
+    recipe_path = tmp_path / "grid.json"
+    recipe_path.write_text(json.dumps(grid_recipe(seeds=[0])))
+    cell = expand(load_recipe(json.loads(recipe_path.read_text())))[0]
+    with acquire(tmp_path / "run" / "cells" / cell.id):
+        code, out, _ = run_cli("grid", recipe_path, "--out", tmp_path / "run", "--dry-run")
+    assert code == 0 and "running (attempt 1 on host" in out and out.count("to run") == 1
