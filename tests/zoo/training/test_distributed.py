@@ -33,6 +33,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 # A torchrun entry for fault injection (test-only): patches the trainer, then runs the command line.
 DRIVER = """
 import os, sys
+from pathlib import Path
 import torch
 from xlstm_zoo.training import trainer
 from xlstm_zoo.tasks.base import Task
