@@ -104,8 +104,10 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
     device = ctx.device(cfg.device)
     ctx.init(device)
     try:
-        return _train(recipe, cfg, ctx, rows, device, Path(run_dir) if run_dir is not None else None,
-                      progress if ctx.is_main else None, description)
+        result = _train(recipe, cfg, ctx, rows, device, Path(run_dir) if run_dir is not None else None,
+                        progress if ctx.is_main else None, description)
+        ctx.barrier()  # no rank tears the process group down while another still uses it
+        return result
     finally:
         ctx.destroy()
 
