@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         registry.load()  # core and plugins: components and commands
         parser = _parser()
         args = parser.parse_args(argv)
+        args.argv = argv  # the command line as given (train --nproc re-runs it under torchrun)
         if not getattr(args, "command", None):
             parser.print_help()
             return 2
@@ -44,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
+    except KeyboardInterrupt:
+        if options.debug:
+            raise
+        Console(stderr=True).print("interrupted: finished work is kept; the same command resumes", highlight=False)
+        return 130
 
 
 def _global_options(add_help: bool = True) -> argparse.ArgumentParser:

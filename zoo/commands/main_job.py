@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,19 +14,23 @@ from rich.progress import Progress
 
 from xlstm_zoo.commands.output import show, table
 from xlstm_zoo.commands.recipes import RECIPE_HELP
+from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.grid.claims import describe, read_claim
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
-from xlstm_zoo.grid.runner import progress_columns, read_result, run_grid
+from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
+from xlstm_zoo.grid.runner import LocalExecutor, cell_states, progress_columns, read_result, run_grid
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
+from xlstm_zoo.training.distributed import DistContext, check_split, run_torchrun
 from xlstm_zoo.training.trainer import train
 
 SET_HELP = "override a field, e.g. --set train.steps=100 (repeatable; applied after --profile)"
 
 
-def _recipe_arguments(parser, profile_help: str) -> None:
-    parser.add_argument("recipe", help=RECIPE_HELP)
+def _recipe_arguments(parser, profile_help: str, optional: bool = False) -> None:
+    parser.add_argument("recipe", help=RECIPE_HELP, **({"nargs": "?"} if optional else {}))
     parser.add_argument("--profile", help=profile_help)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help=SET_HELP)
 
@@ -33,15 +38,30 @@ def _recipe_arguments(parser, profile_help: str) -> None:
 def _train_arguments(parser) -> None:
     _recipe_arguments(parser, "a named profile of the recipe, e.g. quick")
     parser.add_argument("--out", help="run directory for metrics.jsonl and checkpoint.pt (default: none)")
+    parser.add_argument("--nproc", type=_positive_int, default=1, metavar="N",
+                        help="train data-parallel in N processes on this machine (torchrun --standalone; gloo on "
+                             "CPU, NCCL on CUDA); train.batch_size stays the global batch")
 
 
 def _grid_arguments(parser) -> None:
-    _recipe_arguments(parser, "a named profile of the recipe, e.g. quick or full")
+    _recipe_arguments(parser, "a named profile of the recipe, e.g. quick or full", optional=True)
     parser.add_argument("--out", help="run directory (default: runs/<recipe name>[-<profile>])")
     parser.add_argument("--dry-run", action="store_true", help="list the cells and their state, run nothing")
+    parser.add_argument("--status", metavar="RUN_DIR",
+                        help="show each cell of a run directory: finished / failed / running (attempt, host, step) "
+                             "/ to run; needs no recipe")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="leave cells that another launch on the same --out is training to it, instead of "
+                             "waiting for them")
     parser.add_argument("--retry-failed", action="store_true", help="run failed cells again")
     parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                         help="train N cells at once in worker processes (default 1; small models: one per core)")
+    parser.add_argument("--executor", choices=("local", "ray"),
+                        help="where cells run: local (this process, or --jobs workers) or ray (one Ray task per "
+                             "cell, resources from launch.*); default: the recipe's launch.executor")
+    parser.add_argument("--address", metavar="ADDR",
+                        help="ray: the cluster to use ('auto': this machine's; 'ray://host:10001'); default: the "
+                             "recipe's launch.address, else a private Ray on this machine")
 
 
 def _positive_int(text: str) -> int:
@@ -60,10 +80,31 @@ def _load(args):
 
 def cmd_train(args) -> int:
     recipe = _load(args)
-    with Progress(*progress_columns(), console=Console(stderr=True)) as progress:
+    if args.nproc > 1:
+        if "RANK" in os.environ:
+            raise ConfigError("--nproc starts its own processes: drop it when running under torchrun")
+        check_split(recipe.train.batch_size, args.nproc, recipe.train.micro_batches, recipe._source)
+        return _launch_torchrun(args.nproc, args.argv)
+    rank0 = DistContext.from_env().is_main
+    with Progress(*progress_columns(), console=Console(stderr=True), disable=not rank0) as progress:
         result = train(recipe, args.out, progress=progress, description=recipe.name or "training")
-    print(json.dumps(result, indent=2))
+    if rank0:
+        print(json.dumps(result, indent=2))
     return 0
+
+
+def _launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """Run this same command line in ``nproc`` processes under torchrun (``python -m xlstm_zoo``)."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):  # drop --nproc N / --nproc=N
+        if arg == "--nproc":
+            del argv[i:i + 2]
+            break
+        if arg.startswith("--nproc="):
+            del argv[i]
+            break
+    return run_torchrun(nproc, argv, threads=int(os.environ["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in os.environ
+                        else None).returncode
 
 
 def default_out(recipe, profile: str | None) -> Path:
@@ -72,6 +113,14 @@ def default_out(recipe, profile: str | None) -> Path:
 
 
 def cmd_grid(args) -> int:
+    if args.status:
+        if args.recipe:
+            raise ConfigError(f"grid --status reads a run directory, not a recipe: drop {args.recipe!r} "
+                              f"(use `xlstm-zoo grid --status {args.status}`)")
+        return _show_status(Path(args.status))
+    if not args.recipe:
+        raise ConfigError("grid needs a RECIPE (a name from `xlstm-zoo recipes` or a .yaml file), "
+                          "or --status RUN_DIR")
     recipe = _load(args)
     out = Path(args.out) if args.out else default_out(recipe, args.profile)
     if args.dry_run:
@@ -82,18 +131,55 @@ def cmd_grid(args) -> int:
             result = read_result(out / "cells" / cell.id)
             state = ("invalid: " + cell.error) if cell.error else (
                 result["status"] if result and result.get("digest") == cell.digest else "to run")
+            claim = read_claim(out / "cells" / cell.id)
+            if claim and not claim["stale"]:
+                state = f"running ({describe(claim)})"
             rows.add_row(cell.id, ", ".join(f"{p}={v}" for p, v in cell.overrides), state)
         show(rows)
         return 0
     plugins = list(getattr(args, "plugins", []))  # --plugin modules: workers load them too
     setup = functools.partial(configure, strict=None, modules=plugins) if plugins else None
-    counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs, worker_setup=setup)
+    counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs, worker_setup=setup,
+                      wait=not args.no_wait, executor=_executor(args, recipe))
     report = build_report(out)
     files = write_report(report, out)
     sys.stdout.write(report.markdown())
     Console(stderr=True).print(f"{counts['ran']} cells ran, {counts['skipped']} already done, "
-                               f"{counts['failed']} failed; wrote {_written(files)}")
+                               f"{counts['failed']} failed"
+                               + (f", {counts['busy']} left to another launch" if counts["busy"] else "")
+                               + f"; wrote {_written(files)}")
     return 1 if counts["failed"] else 0
+
+
+def _executor(args, recipe):
+    kind = args.executor or recipe.launch.executor
+    if kind == "local":
+        if args.address:
+            raise ConfigError("--address is for --executor ray (the local executor runs on this machine)")
+        return LocalExecutor(args.jobs)
+    if args.jobs > 1:
+        raise ConfigError("--jobs is for the local executor; with ray, each cell takes launch.cpus cores "
+                          "(e.g. --set launch.cpus=2) and Ray runs as many at once as fit")
+    import_ray()  # a missing Ray is one clear line before anything starts
+    return RayExecutor(args.address or recipe.launch.address)
+
+
+def _show_status(run_dir: Path) -> int:
+    if not run_dir.is_dir():
+        raise ConfigError(f"--status {run_dir}: no such directory (give a grid's run directory, e.g. runs/<name>)")
+    try:
+        states = cell_states(run_dir)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+    tally = {}
+    for row in states:
+        tally[row["state"]] = tally.get(row["state"], 0) + 1
+    title = f"{len(states)} cells in {run_dir}: " + ", ".join(f"{n} {state}" for state, n in tally.items())
+    rows = table("cell", "state", "detail", title=title)
+    for row in states:
+        rows.add_row(row["id"], row["state"], row["detail"])
+    show(rows)
+    return 0
 
 
 def cmd_report(args) -> int:

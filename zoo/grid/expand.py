@@ -20,7 +20,9 @@ from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
 
 # Sections that describe the grid itself, not what a cell trains.
-GRID_ONLY = ("name", "description", "grid", "report", "profiles")
+GRID_ONLY = ("name", "description", "grid", "report", "profiles", "launch")
+# (section, field, default) of result-relevant fields added after the first grids were run.
+ADDED_LATER = (("train", "micro_batches", 1),)
 
 
 @dataclass
@@ -36,6 +38,10 @@ class Cell:
 
 def expand(recipe) -> list[Cell]:
     grid = recipe.grid or GridConfig()
+    swept = [p for p in [*grid.axes, *(p for group in grid.zipped for p in group)] if p.split(".")[0] == "launch"]
+    if swept:
+        raise ConfigError(f"{swept[0]} cannot be a grid axis: launch settings say how cells run, not what they "
+                          "compute (set them for all cells with --set, or per variant)", path="grid", file=recipe._source)
     variants = list(grid.variants.items()) or [(None, {})]
     axes = [[(path, value) for value in values] for path, values in grid.axes.items()]
     zipped = [[list(zip(group, values)) for values in zip(*group.values())] for group in grid.zipped]
@@ -75,6 +81,11 @@ def _resolve(recipe, variant, overrides, labels) -> Cell:
 def recipe_digest(recipe) -> str:
     """A digest of everything that determines a cell's result (not its name or the grid around it)."""
     content = {k: v for k, v in recipe.model_dump(mode="json").items() if k not in GRID_ONLY}
+    # Fields added after grids were first run leave the digest as it was while they hold their
+    # default, so existing run directories keep their cell ids (and their results).
+    for section, field, default in ADDED_LATER:
+        if content.get(section, {}).get(field) == default:
+            del content[section][field]
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 

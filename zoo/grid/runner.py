@@ -11,16 +11,24 @@ Re-running skips cells whose result.json exists for the same digest, resumes a c
 checkpoint but no result, and starts the others. A killed run (even SIGKILL) loses no finished
 cell and leaves no torn file: every file a reader trusts is written to a temporary name and
 renamed into place.
+
+Two launches may share a run directory: a cell is trained only by the holder of its claim
+(``cells/<id>/claim.json``, :mod:`xlstm_zoo.grid.claims`), so no cell runs twice at once and no
+file is written by two launches. A launch that meets a cell claimed by a live holder runs the
+others first, then waits for that holder (saying so in one line) and skips the cell if the holder
+finished it; ``wait=False`` leaves such cells to their holder instead.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import socket
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import yaml
@@ -28,8 +36,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from xlstm_zoo.checkpoint import atomic_write
-from xlstm_zoo.grid.expand import Cell, expand
+from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
+from xlstm_zoo.errors import ZooError
+from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
 from xlstm_zoo.recipe import load_recipe
+from xlstm_zoo.training.distributed import check_split, run_torchrun
+from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import train
 
 RESULT = "result.json"
@@ -64,34 +76,125 @@ def progress_columns() -> list:
 
 
 def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None,
-             jobs: int = 1, worker_setup: Callable[[], None] | None = None) -> dict:
-    """Run every cell that has no result yet; returns counts of finished/skipped/failed cells.
+             jobs: int = 1, worker_setup: Callable[[], None] | None = None, wait: bool = True,
+             poll_s: float = 2.0, executor=None) -> dict:
+    """Run every cell that has no result yet; returns counts of ran/skipped/failed/busy cells.
 
     ``jobs > 1`` trains that many cells at once in worker processes (``spawn``ed, each with
     ``cores // jobs`` torch threads, each calling the picklable ``worker_setup`` first: the command
     line passes its ``--plugin`` loading there).
     Small models gain most: their training steps are too short to keep two cores busy.
+    Cells another launch holds are waited for (``wait``) or counted as ``busy`` and left to it.
+    ``executor`` runs a list of cells (an object with ``run(cells, job)``, e.g.
+    :class:`xlstm_zoo.grid.ray_executor.RayExecutor`); by default this process or ``jobs`` workers.
+    It is only called when there is something to run.
     """
+    executor = executor or LocalExecutor(jobs)
     out_dir = Path(out_dir)
     cells = expand(recipe)
+    since = time.time()
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))
-    counts = {"ran": 0, "skipped": 0, "failed": 0}
+    counts = {"ran": 0, "skipped": 0, "failed": 0, "busy": 0}
     todo = [cell for cell in cells if not is_done(cell, out_dir, retry_failed)]
     counts["skipped"] = len(cells) - len(todo)
+    console = console or Console(stderr=True)
 
-    def record(result: dict) -> None:
-        counts["failed" if result["status"] == "failed" else "ran"] += 1
-
-    with Progress(*progress_columns(), console=console or Console(stderr=True), transient=False) as progress:
+    with Progress(*progress_columns(), console=console, transient=False) as progress:
         overall = progress.add_task("grid", total=len(cells), completed=counts["skipped"], info="")
-        if jobs <= 1:
-            for cell in todo:
-                progress.update(overall, info=cell.id)
-                record(run_cell(cell, out_dir, progress=progress))
-                progress.advance(overall)
-        else:
-            _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record)
+        busy: list[Cell] = []
+
+        def record(cell: Cell, result: dict) -> None:
+            if result["status"] == "busy":
+                busy.append(cell)
+                return
+            counts[{"failed": "failed", "skipped": "skipped"}.get(result["status"], "ran")] += 1
+            progress.advance(overall)
+
+        while todo:
+            busy.clear()
+            executor.run(todo, GridJob(out_dir, progress, overall, record, retry_failed, since, worker_setup))
+            if not busy:
+                break
+            if not wait:
+                counts["busy"] = len(busy)
+                progress.console.print(f"{len(busy)} cell(s) are being trained by another launch on {out_dir}; "
+                                       f"left to it (first: {busy[0].id}, {_holder(out_dir, busy[0])})")
+                break
+            todo = _wait_for_release(busy, out_dir, progress, overall, poll_s)
     return counts
+
+
+@dataclass
+class GridJob:
+    """What an executor needs besides the cells: where, how to report, and the run's settings."""
+
+    out_dir: Path
+    progress: Progress
+    overall: Any                       # the grid's progress-bar task
+    record: Callable[[Cell, dict], None]  # call once per cell with its result (status busy: held elsewhere)
+    retry_failed: bool = False
+    since: float | None = None         # results written after this are this launch's (or a concurrent one's)
+    worker_setup: Callable[[], None] | None = None  # picklable; run first in every worker process
+
+    def say(self, result: dict) -> None:
+        if result["status"] in ("finished", "failed"):
+            self.progress.console.print(f"  {result['status']:8s} {result['id']}  ({result.get('seconds', 0):.0f} s)")
+
+
+class LocalExecutor:
+    """Cells in this process, one after another, or in ``jobs`` spawned worker processes."""
+
+    name = "local"
+
+    def __init__(self, jobs: int = 1):
+        self.jobs = jobs
+
+    def run(self, cells: list[Cell], job: GridJob) -> None:
+        if self.jobs > 1:
+            _run_parallel(cells, job.out_dir, self.jobs, job.worker_setup, job.progress, job.overall, job.record,
+                          job.retry_failed, job.since)
+            return
+        for cell in cells:
+            job.progress.update(job.overall, info=cell.id)
+            job.record(cell, run_cell(cell, job.out_dir, progress=job.progress, retry_failed=job.retry_failed,
+                                      since=job.since))
+
+
+def record_failure(cell: Cell, out_dir: Path, error: str, executor: str, grace_s: float = 0.0) -> dict:
+    """Write a failed result for a cell whose worker could not (it died, was cancelled or could not
+    start), under the cell's claim; ``busy`` if someone else holds the cell. ``grace_s``: how long
+    to wait for the claim of a worker that is being killed to become stale."""
+    cell_dir = out_dir / "cells" / cell.id
+    deadline = time.time() + grace_s
+    while (claim := read_claim(cell_dir)) and not claim["stale"] and time.time() < deadline:
+        time.sleep(0.2)
+    try:
+        claim = acquire(cell_dir, executor=executor)
+    except CellBusy as busy:
+        return {"status": "busy", "id": cell.id, "holder": str(busy)}
+    with claim:
+        result = {"status": "failed", "error": error, "id": cell.id, "labels": cell.labels, "digest": cell.digest,
+                  "attempt": claim.attempt - 1, "seconds": 0.0}
+        write_json(cell_dir / RESULT, result)
+    return result
+
+
+def _holder(out_dir: Path, cell: Cell) -> str:
+    claim = read_claim(out_dir / "cells" / cell.id)
+    return describe(claim) if claim else "released"
+
+
+def _wait_for_release(busy: list[Cell], out_dir: Path, progress, overall, poll_s: float) -> list[Cell]:
+    """Block until every cell in ``busy`` is released (or its holder is gone); say what we wait for."""
+    waiting = list(busy)
+    progress.console.print(f"waiting for {len(waiting)} cell(s) another launch is training on {out_dir} "
+                           f"(first: {waiting[0].id}, {_holder(out_dir, waiting[0])})")
+    while True:
+        held = [c for c in waiting if (claim := read_claim(out_dir / "cells" / c.id)) and not claim["stale"]]
+        progress.update(overall, info=f"waiting for {len(held)} cell(s) held by another launch")
+        if not held:
+            return list(busy)
+        time.sleep(poll_s)
 
 
 def is_done(cell: Cell, out_dir: Path, retry_failed: bool) -> bool:
@@ -101,47 +204,83 @@ def is_done(cell: Cell, out_dir: Path, retry_failed: bool) -> bool:
                 and (previous["status"] == "finished" or not retry_failed))
 
 
-def run_cell(cell: Cell, out_dir: Path, *, progress=None) -> dict:
+def run_cell(cell: Cell, out_dir: Path, *, progress=None, retry_failed: bool = False,
+             since: float | None = None, executor: str = "local") -> dict:
     """Train one cell in ``out_dir/cells/<id>`` (resuming from its checkpoint) and write its
     ``result.json`` last, atomically. Every executor runs cells through this function, so skip,
-    resume and failure recording are the same everywhere. A cell's own error is recorded, not raised."""
+    resume and failure recording are the same everywhere. A cell's own error is recorded, not raised.
+
+    The cell is claimed first: if another launch holds it, nothing is written and the result is
+    ``{"status": "busy", "holder": ...}``; if it was finished meanwhile (or its result written
+    after ``since``, this launch's start), ``{"status": "skipped"}``.
+    """
     cell_dir = out_dir / "cells" / cell.id
-    started = time.time()
-    if cell.error:
-        result = {"status": "failed", "error": cell.error}
-    else:
-        atomic_write(cell_dir / "recipe.yaml",
-                     lambda f: f.write(yaml.safe_dump(cell.recipe.model_dump(), sort_keys=False).encode()))
-        try:
-            result = {"status": "finished", **train(cell.recipe, cell_dir, progress=progress,
-                                                    description=f"  {cell.id[:40]}")}
-        except Exception as err:  # a failing cell is recorded and the grid goes on
-            result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
-    result.update(id=cell.id, labels=cell.labels, digest=cell.digest, seconds=round(time.time() - started, 2))
-    write_json(cell_dir / RESULT, result)
+    try:
+        claim = acquire(cell_dir, executor=executor)
+    except CellBusy as busy:
+        return {"status": "busy", "id": cell.id, "holder": str(busy)}
+    with claim:
+        previous = read_result(cell_dir)
+        if previous and previous.get("digest") == cell.digest and (
+                is_done(cell, out_dir, retry_failed) or (since is not None and (cell_dir / RESULT).stat().st_mtime >= since)):
+            return {**previous, "status": "skipped", "id": cell.id}
+        claim.record_attempt()
+        started = time.time()
+        if cell.error:
+            result = {"status": "failed", "error": cell.error}
+        else:
+            atomic_write(cell_dir / "recipe.yaml",
+                         lambda f: f.write(yaml.safe_dump(cell.recipe.model_dump(), sort_keys=False).encode()))
+            try:
+                if cell.recipe.launch.nproc > 1:
+                    result = {"status": "finished", **_train_data_parallel(cell.recipe, cell_dir)}
+                else:
+                    result = {"status": "finished", **train(cell.recipe, cell_dir, progress=progress,
+                                                            description=f"  {cell.id[:40]}")}
+            except Exception as err:  # a failing cell is recorded and the grid goes on
+                result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+        result.update(id=cell.id, labels=cell.labels, digest=cell.digest, attempt=claim.attempt,
+                      seconds=round(time.time() - started, 2))
+        write_json(cell_dir / RESULT, result)
     return result
 
 
-def _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record) -> None:
+def _train_data_parallel(recipe, cell_dir: Path) -> dict:
+    """Train a cell in ``launch.nproc`` processes on this machine (torchrun; they read the cell's
+    recipe.yaml, rank 0 writes); the same training as one process, to rounding."""
+    launch = recipe.launch
+    check_split(recipe.train.batch_size, launch.nproc, recipe.train.micro_batches, recipe._source)
+    proc = run_torchrun(launch.nproc, ["train", str(cell_dir / "recipe.yaml"), "--out", str(cell_dir)],
+                        threads=max(1, launch.cpus // launch.nproc), capture=True)
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        ours = [line for line in lines if line.startswith("error:")]  # a rank's one-line error (cli)
+        theirs = [line for line in lines if "Error" in line]
+        reason = (ours or theirs or lines or ["no output"])[-1]
+        raise ZooError(f"{launch.nproc} data-parallel processes failed (exit {proc.returncode}): {reason}")
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+def _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record, retry_failed, since) -> None:
     threads = max(1, torch.get_num_threads() // jobs)
     context = multiprocessing.get_context("spawn")  # no fork: torch's thread pools do not survive it
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
                              initargs=(threads, worker_setup)) as pool:
-        futures = {pool.submit(_worker_run_cell, _portable(cell), str(out_dir)): cell for cell in todo}
+        futures = {pool.submit(worker_run_cell, portable(cell), str(out_dir), retry_failed, since): cell for cell in todo}
         progress.update(overall, info=f"{jobs} cells at a time, {threads} thread(s) each")
         try:
             for future in as_completed(futures):
                 result = future.result()
-                record(result)
-                progress.console.print(f"  {result['status']:8s} {result['id']}  ({result['seconds']:.0f} s)")
-                progress.advance(overall)
+                record(futures[future], result)
+                if result["status"] in ("finished", "failed"):
+                    progress.console.print(f"  {result['status']:8s} {result['id']}  ({result['seconds']:.0f} s)")
         except BaseException:
             for future in futures:
                 future.cancel()
             raise
 
 
-def _portable(cell: Cell) -> Cell:
+def portable(cell: Cell) -> Cell:
     """The cell with its recipe as plain data, so a spawned worker can rebuild it from its own registry."""
     data = cell.recipe.model_dump() if cell.recipe is not None else None
     return Cell(cell.id, cell.labels, cell.overrides, data, cell.digest, cell.error)
@@ -153,7 +292,57 @@ def _worker_init(threads: int, worker_setup: Callable[[], None] | None) -> None:
         worker_setup()
 
 
-def _worker_run_cell(cell: Cell, out_dir: str) -> dict:
+def worker_run_cell(cell: Cell, out_dir: str, retry_failed: bool = False, since: float | None = None,
+                     executor: str = "local") -> dict:
+    """Run a :func:`portable` cell in a worker process: rebuild its recipe from this process's
+    registry and check that it means the same as in the driver."""
+    out = Path(out_dir)
+    if not (out / "grid.json").exists():
+        raise ZooError(f"{out} is not visible on {socket.gethostname()}: the run directory must be on storage "
+                       "every worker mounts at the same path")
     if cell.recipe is not None:
         cell.recipe = load_recipe(cell.recipe)
-    return run_cell(cell, Path(out_dir))
+        if recipe_digest(cell.recipe) != cell.digest:
+            return record_failure(cell, out, f"ZooError: {socket.gethostname()} resolves this cell differently from "
+                                  "the driver (another xlstm-zoo or plugin version?)", executor)
+    return run_cell(cell, out, retry_failed=retry_failed, since=since, executor=executor)
+
+
+def cell_states(out_dir: str | Path) -> list[dict]:
+    """Each cell of a run directory's ``grid.json`` with its state, read from the files alone (no
+    recipe, no Ray): ``finished``, ``failed``, ``running`` (a live claim: attempt, host, pid, last
+    step), ``to run`` (``resumable at step N`` when it has metrics), or ``invalid``."""
+    out_dir = Path(out_dir)
+    manifest_path = out_dir / "grid.json"
+    if not manifest_path.exists():
+        raise FileNotFoundError(f"{out_dir} has no grid.json: not a grid run directory (made by `xlstm-zoo grid`)")
+    manifest = json.loads(manifest_path.read_text())
+    rows = []
+    for entry in manifest["cells"]:
+        cell_dir = out_dir / "cells" / entry["id"]
+        row = {"id": entry["id"], "overrides": entry.get("overrides", []), "detail": ""}
+        result = read_result(cell_dir)
+        claim = read_claim(cell_dir)
+        last_step = _last_step(cell_dir / "metrics.jsonl")
+        if claim and not claim["stale"]:
+            row["state"] = "running"
+            row["detail"] = describe(claim) + (f", step {last_step}" if last_step else "")
+        elif result and result.get("digest") == entry["digest"] and result["status"] in ("finished", "failed"):
+            row["state"] = result["status"]
+            row["detail"] = (result.get("error", "") if result["status"] == "failed"
+                             else f"{result.get('seconds', 0):.0f} s, attempt {result.get('attempt', 1)}")
+        elif entry.get("error"):
+            row["state"], row["detail"] = "invalid", entry["error"]
+        else:
+            row["state"] = "to run"
+            notes = [f"resumable at step {last_step}" if last_step else ""]
+            if claim:
+                notes.append(f"stale claim: {describe(claim)}")
+            row["detail"] = "; ".join(n for n in notes if n)
+        rows.append(row)
+    return rows
+
+
+def _last_step(path: Path) -> int:
+    steps = [r.get("step", 0) for r in read_metrics(path)]
+    return max(steps, default=0)

@@ -1,7 +1,7 @@
 """Recipes: YAML files validated into one config tree, and the models built from them.
 
 - :mod:`.schema`: :class:`Recipe`, the tree (``model``, ``task``, ``train``, ``grid``, ``report``);
-- :mod:`.train`, :mod:`.grid`: the ``train``, ``grid`` and ``report`` sections;
+- :mod:`.train`, :mod:`.grid`, :mod:`.launch`: the ``train``, ``grid``, ``report`` and ``launch`` sections;
 - :mod:`.files`: finding files (paths, shipped names), strict YAML, ``extends:``;
 - :mod:`.overrides`: ``--set`` dot-path overrides and ``--profile`` sets of them;
 - :mod:`.load`: :func:`load_recipe` and :func:`build`.
@@ -11,11 +11,12 @@ The shipped recipe files are data, in the separate package ``xlstm_zoo.recipes``
 
 from xlstm_zoo.recipe.files import load_yaml, merge, read_yaml, resolve_recipe, shipped_recipes, shipped_recipes_dir
 from xlstm_zoo.recipe.grid import GridConfig, PaperConfig, ReportConfig
+from xlstm_zoo.recipe.launch import LaunchConfig
 from xlstm_zoo.recipe.load import build, load_recipe, validate_recipe, with_task_vocab
 from xlstm_zoo.recipe.overrides import apply_override, parse_override, profile_overrides
 from xlstm_zoo.recipe.schema import SECTIONS, Recipe
 from xlstm_zoo.recipe.train import TrainConfig
 
-__all__ = ["GridConfig", "PaperConfig", "Recipe", "ReportConfig", "SECTIONS", "TrainConfig", "apply_override", "build",
+__all__ = ["GridConfig", "LaunchConfig", "PaperConfig", "Recipe", "ReportConfig", "SECTIONS", "TrainConfig", "apply_override", "build",
            "load_recipe", "load_yaml", "merge", "parse_override", "profile_overrides", "read_yaml", "resolve_recipe",
            "shipped_recipes", "shipped_recipes_dir", "validate_recipe", "with_task_vocab"]

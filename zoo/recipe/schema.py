@@ -15,9 +15,10 @@ from pydantic import Field, PrivateAttr
 from xlstm_zoo.config import Spec, ZooConfig
 from xlstm_zoo.models.lm import CausalLMConfig
 from xlstm_zoo.recipe.grid import GridConfig, ReportConfig
+from xlstm_zoo.recipe.launch import LaunchConfig
 from xlstm_zoo.recipe.train import TrainConfig
 
-SECTIONS = ("model", "task", "train", "grid", "report")
+SECTIONS = ("model", "task", "train", "grid", "report", "launch")
 
 
 class Recipe(ZooConfig):
@@ -28,6 +29,8 @@ class Recipe(ZooConfig):
     train: TrainConfig = Field(default_factory=TrainConfig)
     grid: GridConfig | None = None
     report: ReportConfig = Field(default_factory=ReportConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig,
+                                 description="how grid cells run (executor, resources, retries); not part of a cell's id")
     profiles: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named override sets (dot-path -> value), chosen with --profile")
     _source: str | None = PrivateAttr(None)  # the file (and --set overrides) it came from, for errors

@@ -36,6 +36,10 @@ class Batch:
     def to(self, device) -> "Batch":
         return Batch(self.tokens.to(device), self.targets.to(device))
 
+    def rows(self, start: int, stop: int) -> "Batch":
+        """Rows ``start:stop`` (one data-parallel process's share, or one micro-batch)."""
+        return Batch(self.tokens[start:stop], self.targets[start:stop])
+
 
 class Task:
     vocab_size: int
@@ -51,6 +55,12 @@ class Task:
     def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Mean cross-entropy over scored positions (what the trainer minimises)."""
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
+
+    def loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Summed cross-entropy over scored positions: what micro-batches and data-parallel processes
+        add up before dividing by the global number of scored positions."""
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE,
+                               reduction="sum")
 
     def score(self, logits: torch.Tensor, batch: Batch) -> dict[str, tuple[float, int]]:
         """Default for answer-token tasks: loss, token accuracy and whole-answer (sequence) accuracy."""

@@ -3,6 +3,12 @@ atomic checkpoints with exact resume, metrics as JSON lines, and a progress bar.
 
 Training batches are drawn from a generator seeded by (seed, step), so a run resumed from a
 checkpoint sees exactly the batches an uninterrupted run would have seen.
+
+Started by ``torchrun`` (``WORLD_SIZE > 1``), the trainer is data-parallel with the contract of
+:mod:`xlstm_zoo.training.distributed`: the same global batch and the same optimiser steps as one
+process, every rank training on its rows, only rank 0 writing. ``train.micro_batches > 1`` splits
+each process's rows into sequential parts whose gradients add up (gradient accumulation). With
+one process and one micro-batch the loop is the plain one: mean loss of the whole batch.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from xlstm_zoo.checkpoint import load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import parameter_roles
-from xlstm_zoo.tasks.base import Task, merge_scores
+from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
+from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
@@ -60,17 +67,22 @@ def param_groups(model, weight_decay: float, no_decay_roles=()) -> list[dict]:
 
 
 @torch.no_grad()
-def evaluate(model, task: Task, split: str, *, device="cpu", precision="fp32") -> dict[str, float]:
+def evaluate(model, task: Task, split: str, *, device="cpu", precision="fp32",
+             ctx: DistContext = DistContext()) -> dict[str, float]:
+    """Score ``split``'s evaluation set; data-parallel processes score every ``world``-th batch each
+    and add their sums, so all of them return the metrics of the whole set."""
     was_training = model.training
     model.eval()
     parts = []
     with _autocast(device, precision):
-        for batch in task.eval_batches(split):
+        for i, batch in enumerate(task.eval_batches(split)):
+            if i % ctx.world != ctx.rank:
+                continue
             batch = batch.to(device)
             logits, _ = model(batch.tokens)
             parts.append(task.score(logits.float(), batch))
     model.train(was_training)
-    return task.summarize(merge_scores(parts))
+    return task.summarize(reduce_scores(merge_scores(parts), ctx))
 
 
 def _autocast(device, precision):
@@ -84,70 +96,129 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
 
     With ``run_dir``, writes ``metrics.jsonl`` and ``checkpoint.pt`` there and resumes from the
     checkpoint if one exists. ``progress`` is a rich Progress to add a task bar to (or None).
+    Under ``torchrun`` every rank calls this; rank 0 alone writes and shows progress.
     """
     cfg = recipe.train
-    run_dir = Path(run_dir) if run_dir is not None else None
+    ctx = DistContext.from_env()
+    rows = check_split(cfg.batch_size, ctx.world, cfg.micro_batches, recipe._source)
+    device = ctx.device(cfg.device)
+    ctx.init(device)
+    try:
+        result = _train(recipe, cfg, ctx, rows, device, Path(run_dir) if run_dir is not None else None,
+                        progress if ctx.is_main else None, description)
+        ctx.barrier()  # no rank tears the process group down while another still uses it
+        return result
+    finally:
+        ctx.destroy()
+
+
+def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path | None, progress,
+           description: str) -> dict:
     torch.manual_seed(cfg.seed)
     task = build_task(recipe)
-    model = build_model_for(recipe, task).to(cfg.device)
+    model = build_model_for(recipe, task).to(device)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), lr=cfg.lr, betas=cfg.betas)
-    log = MetricsLog(run_dir / METRICS if run_dir else None)
+    log = MetricsLog(run_dir / METRICS if run_dir and ctx.is_main else None)
+    plain = not ctx.distributed and cfg.micro_batches == 1
+    forward = model
+    if ctx.distributed:
+        forward = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
+        forward.register_comm_hook(None, sum_hook)
 
     start = 0
     if run_dir is not None and (run_dir / CHECKPOINT).exists():
-        start = _resume(run_dir / CHECKPOINT, recipe, model, optimizer, log)
+        start = _resume(run_dir / CHECKPOINT, recipe, model, optimizer, log, ctx.world)
+    ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
 
     bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
     model.train()
     tokens_seen, t0, last_loss = 0, time.perf_counter(), float("nan")
-    for step in range(start, cfg.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(cfg.device)
-        with _autocast(cfg.device, cfg.precision):
-            logits, _ = model(batch.tokens)
-        loss = task.loss(logits.float(), batch)
-        if not torch.isfinite(loss):
-            where = f"; the last good checkpoint is {run_dir / CHECKPOINT}" if run_dir and (run_dir / CHECKPOINT).exists() else ""
-            log.write({"step": step + 1, "event": "diverged", "loss": str(loss.item())})
-            raise TrainingDiverged(f"training diverged at step {step + 1}: loss is {loss.item()}{where} "
-                                   "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+    safe, saved = None, start
+    try:
+        for step in range(start, cfg.steps):
+            safe = step  # weights, optimizer and metrics.jsonl are exactly those after `step` steps
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+            batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(device)
+            if plain:
+                with _autocast(device, cfg.precision):
+                    logits, _ = model(batch.tokens)
+                loss = task.loss(logits.float(), batch)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                loss = _accumulate(forward, task, batch, rows, cfg, ctx, device)
+            if not torch.isfinite(loss):  # the same value on every rank: they all stop here
+                where = f"; the last good checkpoint is {run_dir / CHECKPOINT}" if run_dir and (run_dir / CHECKPOINT).exists() else ""
+                log.write({"step": step + 1, "event": "diverged", "loss": str(loss.item())})
+                raise TrainingDiverged(f"training diverged at step {step + 1}: loss is {loss.item()}{where} "
+                                       "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
+            if plain:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            if cfg.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            safe = None  # weights change now: an interrupt from here to the next step saves nothing
+            optimizer.step()
 
-        done = step + 1
-        last_loss = loss.item()
-        tokens_seen += batch.tokens.numel()
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            log.write({"step": done, "split": "train", "loss": last_loss, "lr": optimizer.param_groups[0]["lr"]})
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-            for split in cfg.eval_splits:
-                log.write({"step": done, "split": split, **evaluate(model, task, split, device=cfg.device,
-                                                                    precision=cfg.precision)})
-        if run_dir is not None and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
-        if bar is not None:
-            rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
-            progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+            done = step + 1
+            last_loss = loss.item()
+            tokens_seen += batch.tokens.numel()
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                log.write({"step": done, "split": "train", "loss": last_loss, "lr": optimizer.param_groups[0]["lr"]})
+            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                for split in cfg.eval_splits:
+                    log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
+                                                                        precision=cfg.precision, ctx=ctx)})
+            if run_dir is not None and ctx.is_main and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 \
+                    and done < cfg.steps:
+                save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
+                saved = done
+            if bar is not None:
+                rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
+                progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+    except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
+        if run_dir is not None and ctx.is_main and safe is not None and safe > saved:
+            save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=safe)
+            log.write({"step": safe, "event": "interrupted"})
+        raise
 
-    final = {split: evaluate(model, task, split, device=cfg.device, precision=cfg.precision)
+    final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
              for split in cfg.eval_splits}
     for split, metrics in final.items():
         log.write({"step": cfg.steps, "split": split, **metrics})
-    if run_dir is not None:
+    if run_dir is not None and ctx.is_main:
         save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=cfg.steps)
     if bar is not None:
         progress.remove_task(bar)
     return {"steps": cfg.steps, "final_train_loss": last_loss, "metrics": final,
-            "parameters": sum(p.numel() for p in model.parameters())}
+            "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
 
 
-def _resume(path: Path, recipe, model, optimizer, log: MetricsLog) -> int:
+def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, device: str) -> torch.Tensor:
+    """Backward over this process's rows in ``micro_batches`` parts, each loss a *sum* divided by
+    the global batch's number of scored positions, so the gradients (added up over parts here and
+    over ranks by :func:`sum_hook`) are those of the global mean loss. Returns that mean loss (the
+    same on every rank)."""
+    scored = (batch.targets != IGNORE).sum()
+    mine = batch.rows(ctx.rank * rows * cfg.micro_batches, (ctx.rank + 1) * rows * cfg.micro_batches)
+    total = torch.zeros((), device=device)
+    for m in range(cfg.micro_batches):
+        part = mine.rows(m * rows, (m + 1) * rows)
+        last = m == cfg.micro_batches - 1
+        sync = forward.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
+        with sync:
+            with _autocast(device, cfg.precision):
+                logits, _ = forward(part.tokens)
+            part_sum = task.loss_sum(logits.float(), part)
+            (part_sum / scored).backward()
+        total = total + part_sum.detach()
+    return all_reduce_sum(total, ctx) / scored
+
+
+def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> int:
     saved_recipe, saved_model, extra = load_checkpoint(path)
-    if saved_recipe != recipe:
+    if saved_recipe.model_dump(exclude={"launch"}) != recipe.model_dump(exclude={"launch"}):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     model.load_state_dict(saved_model.state_dict())
@@ -155,7 +226,7 @@ def _resume(path: Path, recipe, model, optimizer, log: MetricsLog) -> int:
         optimizer.load_state_dict(extra["optimizer"])
     step = int(extra.get("step", 0))
     log.truncate_after(step)
-    log.write({"step": step, "event": "resumed"})
+    log.write({"step": step, "event": "resumed", **({"world_size": world} if world > 1 else {})})
     return step
 
 

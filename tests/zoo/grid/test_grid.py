@@ -84,10 +84,10 @@ def test_bad_grids():
 def test_run_report_and_skip_finished(tmp_path):
     recipe = load_recipe(grid_recipe())
     counts = run_grid(recipe, tmp_path)
-    assert counts == {"ran": 4, "skipped": 0, "failed": 0}
+    assert counts == {"ran": 4, "skipped": 0, "failed": 0, "busy": 0}
     results = sorted((tmp_path / "cells").glob("*/result.json"))
     stamps = [p.stat().st_mtime_ns for p in results]
-    assert run_grid(recipe, tmp_path) == {"ran": 0, "skipped": 4, "failed": 0}
+    assert run_grid(recipe, tmp_path) == {"ran": 0, "skipped": 4, "failed": 0, "busy": 0}
     assert [p.stat().st_mtime_ns for p in results] == stamps, "finished cells are not rewritten"
 
     report = build_report(tmp_path)
@@ -108,7 +108,7 @@ def test_failed_cell_is_recorded_and_grid_goes_on(tmp_path):
     data["grid"]["variants"]["broken"] = {"model.stack.blocks.l.cell": {"type": "lstm", "recurrent": "blockdiag",
                                                                          "num_heads": 3}}
     counts = run_grid(load_recipe(data), tmp_path)
-    assert counts == {"ran": 4, "skipped": 0, "failed": 2}
+    assert counts == {"ran": 4, "skipped": 0, "failed": 2, "busy": 0}
     report = build_report(tmp_path)
     assert "failed 2" in report.markdown()
     assert "num_heads=3 must divide dim=16" in report.groups[("broken", "value")].failed[0]
@@ -221,12 +221,12 @@ def test_parallel_jobs_run_every_cell_once_and_resume(tmp_path):
         "grid": {"variants": {"a": {}, "b": {"train.lr": 0.01}}, "seeds": [0, 1]},
         "report": {"rows": "variant", "metric": "accuracy", "split": "valid"}})
     counts = run_grid(recipe, tmp_path, jobs=2)
-    assert counts == {"ran": 4, "skipped": 0, "failed": 0}
+    assert counts == {"ran": 4, "skipped": 0, "failed": 0, "busy": 0}
     results = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("cells/*/result.json")}
     assert set(results) == {c.id for c in expand(recipe)}
     assert all(r["status"] == "finished" and r["steps"] == 3 for r in results.values())
     assert all(len((tmp_path / "cells" / i / "metrics.jsonl").read_text().splitlines()) >= 2 for i in results)
-    assert run_grid(recipe, tmp_path, jobs=2) == {"ran": 0, "skipped": 4, "failed": 0}
+    assert run_grid(recipe, tmp_path, jobs=2) == {"ran": 0, "skipped": 4, "failed": 0, "busy": 0}
 
 
 def test_jobs_must_be_positive(run_cli):

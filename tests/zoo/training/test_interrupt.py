@@ -1,0 +1,56 @@
+"""Ctrl-C (or a cancelled Ray task) during training keeps the steps done since the last checkpoint,
+and the resumed run ends exactly where an uninterrupted one does."""
+
+import pytest
+import torch
+
+from xlstm_zoo import load_recipe
+from xlstm_zoo.checkpoint import load_checkpoint
+from xlstm_zoo.training import trainer
+from xlstm_zoo.training.metrics import read_metrics
+
+import toy_task
+
+toy_task.register()
+
+
+def test_interrupt_checkpoints_the_last_whole_step_and_resumes_exactly(tmp_path, monkeypatch):
+    recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
+    plain = trainer._step_generator
+
+    def interrupted(seed, step):
+        if step == 13:
+            raise KeyboardInterrupt
+        return plain(seed, step)
+
+    monkeypatch.setattr(trainer, "_step_generator", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(recipe, tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")[2]["step"] == 13, "not only the periodic one at 10"
+    monkeypatch.setattr(trainer, "_step_generator", plain)
+    trainer.train(recipe, tmp_path / "run")
+    events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event")]
+    assert events == [{"step": 13, "event": "interrupted"}, {"step": 13, "event": "resumed"}]
+    trainer.train(recipe, tmp_path / "clean")
+    resumed = load_checkpoint(tmp_path / "run" / "checkpoint.pt")[1].state_dict()
+    clean = load_checkpoint(tmp_path / "clean" / "checkpoint.pt")[1].state_dict()
+    assert all(torch.equal(resumed[k], clean[k]) for k in clean)
+    steps = [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("split") == "train"]
+    assert steps == [5, 10, 15, 20, 25, 30]
+
+
+def test_interrupt_while_weights_change_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
+    calls = {"n": 0}
+    step = torch.optim.AdamW.step
+
+    def interrupted_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 14:
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(recipe, tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")[2]["step"] == 10
