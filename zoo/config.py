@@ -11,7 +11,7 @@ import difflib
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from xlstm_zoo.errors import ConfigError, UnknownComponentError
@@ -36,6 +36,38 @@ class ZooConfig(BaseModel):
                         "message": f"unknown field {key!r}{hint} (fields: {', '.join(cls.model_fields)})",
                         "path": str(key)})
         return data
+
+
+def AddedField(default: Any, **kwargs):  # noqa: N802 (used like pydantic's Field)
+    """A field added after grids were first run: while it holds ``default`` it is left out of
+    :func:`digest_dump`, so existing cells keep their digests (and their finished results)."""
+    return Field(default, json_schema_extra={"added_later": True}, **kwargs)
+
+
+def digest_dump(config: BaseModel) -> dict:
+    """``config.model_dump(mode="json")`` without the :func:`AddedField` fields at their default."""
+    data = config.model_dump(mode="json")
+    _drop_added_defaults(config, data)
+    return data
+
+
+def _drop_added_defaults(value: Any, data: Any) -> None:
+    if isinstance(value, BaseModel) and isinstance(data, dict):
+        for name, field in type(value).model_fields.items():
+            if name not in data:
+                continue
+            current = getattr(value, name)
+            if (field.json_schema_extra or {}).get("added_later") and current == field.default:
+                del data[name]
+            else:
+                _drop_added_defaults(current, data[name])
+    elif isinstance(value, dict) and isinstance(data, dict):
+        for key, item in value.items():
+            if key in data:
+                _drop_added_defaults(item, data[key])
+    elif isinstance(value, (list, tuple)) and isinstance(data, list):
+        for item, dumped in zip(value, data):
+            _drop_added_defaults(item, dumped)
 
 
 class _ComponentField:

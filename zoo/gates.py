@@ -134,11 +134,13 @@ class Gate(nn.Module):
         self.proj = _gate_projection(config, ctx, self.units) if config.input_dependent else None
         if self.proj is not None:
             nn.init.zeros_(self.proj.weight)
-        bias = bias_values(config.bias_init, self.units, ctx.heads, ctx.block_index, ctx.num_blocks)
+        with torch.device("cpu"):  # checked on real values even when the model is built on `meta`
+            bias = bias_values(config.bias_init, self.units, ctx.heads, ctx.block_index, ctx.num_blocks)
+        if config.learnable_bias and not torch.isfinite(bias).all():
+            raise ctx.error("a learnable bias needs a finite bias_init (use learnable_bias: false for +-inf)",
+                            "bias_init")
+        bias = bias.to(torch.get_default_device())
         if config.learnable_bias:
-            if not torch.isfinite(bias).all():
-                raise ctx.error("a learnable bias needs a finite bias_init (use learnable_bias: false for +-inf)",
-                                "bias_init")
             self.bias = nn.Parameter(bias)
         else:
             self.register_buffer("bias", bias)

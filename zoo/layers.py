@@ -10,30 +10,40 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.config import AddedField, ZooConfig
 
 
 class BlockDiagonalLinear(nn.Module):
-    """``in -> out`` with a block-diagonal weight of ``blocks`` equal blocks (no bias)."""
+    """``in -> out`` with a block-diagonal weight of ``blocks`` equal blocks (optional bias)."""
 
     init_roles = {"weight": "proj"}
 
-    def __init__(self, in_features: int, out_features: int, blocks: int):
+    def __init__(self, in_features: int, out_features: int, blocks: int, bias: bool = False):
         super().__init__()
         self.blocks = blocks
         self.weight = nn.Parameter(torch.empty(blocks, in_features // blocks, out_features // blocks))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         nn.init.normal_(self.weight, std=(in_features // blocks) ** -0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.reshape(*x.shape[:-1], self.blocks, -1)
-        return torch.einsum("...bi,bio->...bo", xb, self.weight).flatten(-2)
+        y = torch.einsum("...bi,bio->...bo", xb, self.weight).flatten(-2)
+        return y + self.bias if self.bias is not None else y
 
 
-def projection(in_features: int, out_features: int, kind: str, blocksize: int) -> nn.Module:
+def linear(in_features: int, out_features: int, bias: bool = False) -> nn.Linear:
+    """``nn.Linear`` whose bias (if any) starts at zero, as the official xLSTM biases do."""
+    layer = nn.Linear(in_features, out_features, bias=bias)
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+def projection(in_features: int, out_features: int, kind: str, blocksize: int, bias: bool = False) -> nn.Module:
     """A full linear map, or block-diagonal with blocks of ``blocksize`` input features."""
     if kind == "linear":
-        return nn.Linear(in_features, out_features, bias=False)
-    return BlockDiagonalLinear(in_features, out_features, in_features // blocksize)
+        return linear(in_features, out_features, bias)
+    return BlockDiagonalLinear(in_features, out_features, in_features // blocksize, bias)
 
 
 class CausalConv1d(nn.Module):
@@ -73,6 +83,20 @@ class MLPConfig(ZooConfig):
 
     proj_factor: float = Field(4 / 3, gt=0, description="hidden size = proj_factor * dim, rounded up to a multiple of 8")
     activation: Literal["gelu", "silu"] = "gelu"
+    hidden_dim: int | None = AddedField(None, ge=1, description="exact hidden size (overrides proj_factor)")
+    multiple_of: int = AddedField(8, ge=1, description="round proj_factor * dim up to a multiple of this")
+    rounding: Literal["ceil", "xlstm_large"] = AddedField(
+        "ceil", description="ceil: the next multiple; xlstm_large: the official 7B formula int(((x + m - 1) // m) * m), "
+                            "which rounds down when x is less than 1 above a multiple")
+    bias: bool = AddedField(False, description="biases on the up- and down-projections")
+
+
+def mlp_width(dim: int, config: MLPConfig) -> int:
+    """The MLP's hidden size for a residual stream of ``dim`` features."""
+    if config.hidden_dim is not None:
+        return config.hidden_dim
+    x, m = config.proj_factor * dim, config.multiple_of
+    return m * math.ceil(x / m) if config.rounding == "ceil" else int(((x + m - 1) // m) * m)
 
 
 class GatedMLP(nn.Module):
@@ -80,9 +104,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, dim: int, config: MLPConfig):
         super().__init__()
-        hidden = 8 * math.ceil(config.proj_factor * dim / 8)
-        self.up = nn.Linear(dim, 2 * hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
+        hidden = mlp_width(dim, config)
+        self.up = linear(dim, 2 * hidden, config.bias)
+        self.down = linear(hidden, dim, config.bias)
         self.act = F.gelu if config.activation == "gelu" else F.silu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.config import BuildContext, ZooConfig
+from xlstm_zoo.config import AddedField, BuildContext, ZooConfig
 from xlstm_zoo.registry import component
 
 
@@ -25,11 +25,13 @@ class LayerNormConfig(ZooConfig):
 class RMSNormConfig(ZooConfig):
     type: Literal["rmsnorm"] = "rmsnorm"
     eps: float = Field(1e-6, gt=0)
+    bias: bool = AddedField(False, description="a learnable shift after the scale")
 
 
 class MultiHeadLayerNormConfig(ZooConfig):
     type: Literal["multihead_layernorm"] = "multihead_layernorm"
     eps: float = Field(1e-5, gt=0)
+    bias: bool = AddedField(False, description="a learnable shift after the scale")
 
 
 class MultiHeadRMSNormConfig(ZooConfig):
@@ -75,7 +77,7 @@ class LayerNorm(nn.Module):
 @component("norm", "rmsnorm", config=RMSNormConfig, description="RMSNorm over all features")
 class RMSNorm(_Norm):
     def __init__(self, config: RMSNormConfig, ctx: BuildContext):
-        super().__init__(ctx.dim, 1, config.eps, centre=False, bias=False)
+        super().__init__(ctx.dim, 1, config.eps, centre=False, bias=config.bias)
 
 
 @component("norm", "multihead_layernorm", config=MultiHeadLayerNormConfig,
@@ -83,7 +85,7 @@ class RMSNorm(_Norm):
 class MultiHeadLayerNorm(_Norm):
     def __init__(self, config: MultiHeadLayerNormConfig, ctx: BuildContext):
         ctx.require_divisible(ctx.dim, ctx.heads, field="heads")
-        super().__init__(ctx.dim, ctx.heads, config.eps, centre=True, bias=False)
+        super().__init__(ctx.dim, ctx.heads, config.eps, centre=True, bias=config.bias)
 
 
 @component("norm", "multihead_rmsnorm", config=MultiHeadRMSNormConfig,

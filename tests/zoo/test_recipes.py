@@ -11,7 +11,7 @@ from xlstm_zoo.recipe import Recipe, merge
 
 SHIPPED = shipped_recipes()
 REQUIRED = {"models/lstm", "models/lstm_residual", "models/xlstm_1_0", "models/xlstm_0_1", "models/xlstm_1_1",
-            "models/xlstm_7_1", "models/xlstm_7b_small"}
+            "models/xlstm_7_1", "models/xlstm_7b_small", "models/xlstm_neurips"}
 
 
 def test_required_recipes_ship():

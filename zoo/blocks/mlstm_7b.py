@@ -1,6 +1,6 @@
 """``mlstm_7b``: the xLSTM-7B block layout.
 
-pre-norm -> mLSTM cell (soft-capped gates, per-head norm, sigmoid output gate sigmoid(W_o x)) ->
+pre-norm -> mLSTM cell (soft-capped gates, per-head LayerNorm (eps 1e-6), sigmoid output gate sigmoid(W_o x)) ->
 output projection -> residual; then pre-norm -> SwiGLU -> residual.
 """
 
@@ -13,10 +13,10 @@ from pydantic import Field
 
 from xlstm_zoo.blocks.base import Block, build_cell
 from xlstm_zoo.cells.mlstm import MLSTMCellConfig
-from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.gates import ExponentialGateConfig, NormalInit, LinspaceInit, SigmoidGateConfig
-from xlstm_zoo.layers import GatedMLP, MLPConfig
-from xlstm_zoo.norms import MultiHeadRMSNormConfig, RMSNormConfig
+from xlstm_zoo.layers import GatedMLP, MLPConfig, linear
+from xlstm_zoo.norms import MultiHeadLayerNormConfig, RMSNormConfig
 from xlstm_zoo.registry import component
 
 
@@ -25,7 +25,7 @@ def _cell_7b() -> MLSTMCellConfig:
         qk_dim_factor=0.5,
         input_gate=ExponentialGateConfig(softcap=15.0, bias_init=NormalInit(std=0.1)),
         forget_gate=SigmoidGateConfig(softcap=15.0, bias_init=LinspaceInit(start=3.0, end=6.0)),
-        norm=MultiHeadRMSNormConfig(),
+        norm=MultiHeadLayerNormConfig(eps=1e-6),  # the official per-head LayerNorm
         output_gate=True,
     )
 
@@ -36,6 +36,7 @@ class MLSTM7BBlockConfig(ZooConfig):
     norm: Spec("norm") = Field(default_factory=RMSNormConfig)
     mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(proj_factor=8 / 3, activation="silu"))
     mlp_norm: Spec("norm") = Field(default_factory=RMSNormConfig)
+    bias: bool = AddedField(False, description="a bias on the output projection (official use_bias: true)")
 
 
 @component("block", "mlstm_7b", config=MLSTM7BBlockConfig, description="xLSTM-7B layout: pre-norm mLSTM (soft-capped gates, output gate), then pre-norm SwiGLU")
@@ -46,7 +47,7 @@ class MLSTM7BBlock(Block):
         super().__init__()
         self.norm = build(config.norm, ctx.at("norm"), "norm")
         self.cell = build_cell(config.cell, ctx, ctx.dim)
-        self.out_proj = torch.nn.Linear(ctx.dim, ctx.dim, bias=False)
+        self.out_proj = linear(ctx.dim, ctx.dim, config.bias)
         self.mlp = GatedMLP(ctx.dim, config.mlp)
         self.mlp_norm = build(config.mlp_norm, ctx.at("mlp_norm"), "norm")
 

@@ -26,7 +26,8 @@ class PostUpBlockConfig(ZooConfig):
     conv_kernel: int = Field(4, ge=0, description="causal conv kernel for the gate inputs (0: no conv)")
     norm: Spec("norm") = Field(default_factory=LayerNormConfig)
     cell_norm: Spec("norm") = Field(default_factory=MultiHeadLayerNormConfig)
-    mlp: MLPConfig = Field(default_factory=MLPConfig)
+    mlp: MLPConfig | None = Field(default_factory=MLPConfig, description="gated MLP after the cell (null: none, "
+                                                                          "as the official feedforward: null)")
     mlp_norm: Spec("norm") = Field(default_factory=LayerNormConfig)
 
 
@@ -38,16 +39,16 @@ class PostUpBlock(Block):
         self.conv = CausalConv1d(ctx.dim, config.conv_kernel) if config.conv_kernel else None
         self.cell = build_cell(config.cell, ctx, ctx.dim)
         self.cell_norm = build(config.cell_norm, ctx.at("cell_norm", heads=cell_heads(self.cell)), "norm")
-        self.mlp = GatedMLP(ctx.dim, config.mlp)
-        self.mlp_norm = build(config.mlp_norm, ctx.at("mlp_norm"), "norm")
+        self.mlp = GatedMLP(ctx.dim, config.mlp) if config.mlp else None
+        self.mlp_norm = build(config.mlp_norm, ctx.at("mlp_norm"), "norm") if config.mlp else None
 
     def init_state(self, batch: int, device=None) -> ConvBlockState:
-        conv = self.conv.init_state(batch, device or self.mlp.up.weight.device) if self.conv is not None else None
+        conv = self.conv.init_state(batch, device or self.conv.weight.device) if self.conv is not None else None
         return ConvBlockState(self.cell.init_state(batch, device), conv)
 
     def _out(self, x, y):
         x = x + self.cell_norm(y)
-        return x + self.mlp(self.mlp_norm(x))
+        return x + self.mlp(self.mlp_norm(x)) if self.mlp is not None else x
 
     def forward(self, x, state=None):
         if state is None:

@@ -8,6 +8,7 @@ all inside a residual.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -16,8 +17,8 @@ from pydantic import Field
 
 from xlstm_zoo.blocks.base import Block, ConvBlockState, build_cell, cell_heads
 from xlstm_zoo.cells.mlstm import MLSTMCellConfig
-from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
-from xlstm_zoo.layers import CausalConv1d
+from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.layers import CausalConv1d, linear
 from xlstm_zoo.norms import LayerNormConfig, MultiHeadLayerNormConfig
 from xlstm_zoo.registry import component
 
@@ -26,9 +27,22 @@ class PreUpBlockConfig(ZooConfig):
     type: Literal["pre_up"] = "pre_up"
     cell: Spec("cell") = Field(default_factory=MLSTMCellConfig)
     proj_factor: float = Field(2.0, gt=0, description="inner size = proj_factor * dim")
+    inner_dim: int | None = AddedField(None, ge=1, description="exact inner size (overrides proj_factor)")
+    multiple_of: int = AddedField(1, ge=1, description="round proj_factor * dim up to a multiple of this "
+                                                       "(1: round to the nearest integer; the paper's blocks: 64)")
+    bias: bool = AddedField(False, description="biases on the up- and down-projections")
     conv_kernel: int = Field(4, ge=1, description="causal depthwise conv kernel size")
     norm: Spec("norm") = Field(default_factory=LayerNormConfig)
     cell_norm: Spec("norm") = Field(default_factory=MultiHeadLayerNormConfig)
+
+
+def inner_width(config: PreUpBlockConfig, dim: int) -> int:
+    """The inner (up-projected) size: exact, or ``proj_factor * dim`` rounded (up to a multiple)."""
+    if config.inner_dim is not None:
+        return config.inner_dim
+    if config.multiple_of == 1:
+        return round(config.proj_factor * dim)
+    return config.multiple_of * math.ceil(config.proj_factor * dim / config.multiple_of)
 
 
 @component("block", "pre_up", config=PreUpBlockConfig, description="mLSTM-style block: up-projection, causal conv, cell, multi-head norm, SiLU gate, down-projection")
@@ -41,16 +55,17 @@ class PreUpBlock(Block):
 
     def __init__(self, config: PreUpBlockConfig, ctx: BuildContext):
         super().__init__()
-        inner = round(config.proj_factor * ctx.dim)
+        inner = inner_width(config, ctx.dim)
         self.norm = build(config.norm, ctx.at("norm"), "norm")
-        self.up = torch.nn.Linear(ctx.dim, 2 * inner, bias=False)
+        self.up = linear(ctx.dim, 2 * inner, config.bias)
         self.conv = CausalConv1d(inner, config.conv_kernel)
-        inner_name = f"the block's inner size proj_factor*dim={config.proj_factor:g}*{ctx.dim}"
+        inner_name = (f"the block's inner size inner_dim={inner}" if config.inner_dim is not None
+                      else f"the block's inner size proj_factor*dim={config.proj_factor:g}*{ctx.dim}")
         self.cell = build_cell(config.cell, ctx, inner, inner_name)
         self.cell_norm = build(config.cell_norm, ctx.at("cell_norm", dim=inner, dim_name=inner_name,
                                                         heads=cell_heads(self.cell)), "norm")
         self.skip = torch.nn.Parameter(torch.ones(inner))
-        self.down = torch.nn.Linear(inner, ctx.dim, bias=False)
+        self.down = linear(inner, ctx.dim, config.bias)
 
     def init_state(self, batch: int, device=None) -> ConvBlockState:
         return ConvBlockState(self.cell.init_state(batch, device), self.conv.init_state(batch, device or self.skip.device))

@@ -9,9 +9,9 @@ from pydantic import Field
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.cells.base import Cell, gate_heads, merge_heads, split_heads
-from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.gates import default_forget_gate, default_input_gate
-from xlstm_zoo.layers import projection
+from xlstm_zoo.layers import linear, projection
 from xlstm_zoo.norms import NoNormConfig
 from xlstm_zoo.registry import component
 
@@ -30,6 +30,10 @@ class MLSTMCellConfig(ZooConfig):
     chunk_size: int = Field(64, ge=1)
     eps: float = Field(1e-6, gt=0)
     backend: str | None = Field(None, description="force a backend for this cell (default: dispatcher's choice)")
+    gate_input: Literal["x", "qkv"] = AddedField(
+        "x", description="what the input and forget gates read: x (the cell input) or cat(q, k, v) before the "
+                         "heads split, unscaled (the NeurIPS paper's mLSTM layer)")
+    bias: bool = AddedField(False, description="biases on the q, k, v (and output gate) projections")
 
 
 @component("cell", "mlstm", config=MLSTMCellConfig, description="mLSTM: matrix memory, exponential gating, recurrent/parallel/chunkwise forms")
@@ -46,13 +50,14 @@ class MLSTMCell(Cell):
                 if ctx.dim % config.proj_blocksize or size % (ctx.dim // config.proj_blocksize):
                     raise ctx.error(f"proj_blocksize={config.proj_blocksize} must divide dim={ctx.dim} into blocks "
                                     f"that also split {what}={size}", "proj_blocksize")
-        self.q = projection(ctx.dim, qk_dim, config.proj, config.proj_blocksize)
-        self.k = projection(ctx.dim, qk_dim, config.proj, config.proj_blocksize)
-        self.v = projection(ctx.dim, ctx.dim, config.proj, config.proj_blocksize)
-        self.input_gate = build(config.input_gate, ctx.at("input_gate", heads=H, units=H), "gate")
-        self.forget_gate = build(config.forget_gate, ctx.at("forget_gate", heads=H, units=H), "gate")
+        self.q = projection(ctx.dim, qk_dim, config.proj, config.proj_blocksize, config.bias)
+        self.k = projection(ctx.dim, qk_dim, config.proj, config.proj_blocksize, config.bias)
+        self.v = projection(ctx.dim, ctx.dim, config.proj, config.proj_blocksize, config.bias)
+        gate_dim = ctx.dim if config.gate_input == "x" else 2 * qk_dim + ctx.dim
+        self.input_gate = build(config.input_gate, ctx.at("input_gate", heads=H, units=H, dim=gate_dim), "gate")
+        self.forget_gate = build(config.forget_gate, ctx.at("forget_gate", heads=H, units=H, dim=gate_dim), "gate")
         self.norm = build(config.norm, ctx.at("norm", heads=H), "norm")
-        self.o = torch.nn.Linear(ctx.dim, ctx.dim, bias=False) if config.output_gate else None
+        self.o = linear(ctx.dim, ctx.dim, config.bias) if config.output_gate else None
         self.gates = ops.GateSchemes(self.input_gate.scheme, self.forget_gate.scheme)
         self.qk_head_dim, self.v_head_dim = qk_dim // H, ctx.dim // H
 
@@ -62,8 +67,10 @@ class MLSTMCell(Cell):
     def _op_inputs(self, x, value_input):
         H = self.num_heads
         v_in = x if value_input is None else value_input
-        q, k, v = (split_heads(t, H) for t in (self.q(x), self.k(x), self.v(v_in)))
-        return q, k, v, gate_heads(self.input_gate(x)), gate_heads(self.forget_gate(x))
+        q, k, v = self.q(x), self.k(x), self.v(v_in)
+        gate_in = x if self.config.gate_input == "x" else torch.cat([q, k, v], dim=-1)
+        i, f = gate_heads(self.input_gate(gate_in)), gate_heads(self.forget_gate(gate_in))
+        return split_heads(q, H), split_heads(k, H), split_heads(v, H), i, f
 
     def _output(self, h, x):
         h = self.norm(merge_heads(h))

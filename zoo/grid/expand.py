@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from xlstm_zoo.config import digest_dump
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
 
@@ -80,9 +81,10 @@ def _resolve(recipe, variant, overrides, labels) -> Cell:
 
 def recipe_digest(recipe) -> str:
     """A digest of everything that determines a cell's result (not its name or the grid around it)."""
-    content = {k: v for k, v in recipe.model_dump(mode="json").items() if k not in GRID_ONLY}
     # Fields added after grids were first run leave the digest as it was while they hold their
-    # default, so existing run directories keep their cell ids (and their results).
+    # default, so existing run directories keep their cell ids (and their results); component
+    # fields declare it with `AddedField` (see `digest_dump`).
+    content = {k: v for k, v in digest_dump(recipe).items() if k not in GRID_ONLY}
     for section, field, default in ADDED_LATER:
         if content.get(section, {}).get(field) == default:
             del content[section][field]

@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
 from xlstm_zoo.registry import component
 from xlstm_zoo.stacks import XLSTMStackConfig
@@ -21,6 +21,8 @@ class CausalLMConfig(ZooConfig):
     stack: Spec("stack") = Field(default_factory=XLSTMStackConfig)
     tie_weights: bool = Field(True, description="share the embedding matrix with the output head")
     init: InitConfig = Field(default_factory=InitConfig, description="how the weights start (scheme, per-role std)")
+    logit_softcap: float | None = AddedField(None, gt=0, description="soft-cap the logits to (-cap, cap) with "
+                                                                    "cap*tanh(logits/cap) (xLSTM-7B: 30)")
 
 
 @component("model", "causal_lm", config=CausalLMConfig, description="causal language model with stateful step-wise generation")
@@ -61,12 +63,16 @@ class CausalLM(nn.Module):
     def forward(self, tokens: torch.Tensor, state: tuple | None = None):
         """``tokens [B, T]`` -> ``logits [B, T, vocab]``, final state."""
         h, state = self.stack(self.embedding(tokens), state)
-        return self.head(h), state
+        return self._logits(h), state
 
     def step(self, token: torch.Tensor, state: tuple | None):
         """``token [B]`` -> ``logits [B, vocab]``, next state (``state=None``: the zero state)."""
         h, state = self.stack.step(self.embedding(token), state)
-        return self.head(h), state
+        return self._logits(h), state
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits, cap = self.head(h), self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
