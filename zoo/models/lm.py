@@ -79,18 +79,24 @@ class CausalLM(nn.Module):
                  top_k: int | None = None, greedy: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
         """Continue ``prompt [B, T>=1]`` by ``max_new_tokens``: one parallel pass over the prompt,
         then one recurrent step per token (constant memory, no recomputation)."""
+        new = self.stream(prompt, max_new_tokens, temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
+        return torch.cat([prompt, *(token[:, None] for token in new)], dim=1)
+
+    @torch.no_grad()
+    def stream(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+               top_k: int | None = None, greedy: bool = False, generator: torch.Generator | None = None):
+        """As :meth:`generate`, but yield each new token ``[B]`` as soon as it is chosen."""
         if prompt.ndim != 2 or prompt.shape[1] < 1:
             raise ValueError(f"prompt must be [batch, T>=1] token ids, got shape {tuple(prompt.shape)}")
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {temperature} (use greedy=True)")
         logits, state = self(prompt)
-        logits, out = logits[:, -1], [prompt]
+        logits = logits[:, -1]
         for i in range(max_new_tokens):
             token = pick_token(logits, temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
-            out.append(token[:, None])
+            yield token
             if i + 1 < max_new_tokens:
                 logits, state = self.step(token, state)
-        return torch.cat(out, dim=1)
 
 
 def pick_token(logits, *, temperature=1.0, top_k=None, greedy=False, generator=None) -> torch.Tensor:

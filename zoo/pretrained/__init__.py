@@ -27,7 +27,7 @@ from xlstm_zoo.pretrained.sources import LAYOUTS, Opened, open_checkpoint
 from xlstm_zoo.pretrained.tensorfile import write_sharded
 from xlstm_zoo.version import __version__
 
-__all__ = ["LAYOUTS", "MappingError", "Plan", "Rule", "from_pretrained", "plan", "save_pretrained"]
+__all__ = ["LAYOUTS", "MappingError", "PROVENANCE", "Plan", "Rule", "from_pretrained", "plan", "save_pretrained"]
 
 PROVENANCE = "convert.json"
 
