@@ -9,6 +9,7 @@ from xlstm_zoo.errors import ConfigError, UnknownComponentError, ZooError
 from xlstm_zoo.registry import component, register, registry
 from xlstm_zoo import wiring  # noqa: F401  (plugin loading and the backend table, connected once)
 from xlstm_zoo.recipe import Recipe, build, load_recipe, shipped_recipes
+from xlstm_zoo.pretrained import from_pretrained, save_pretrained
 
 __all__ = ["ConfigError", "Recipe", "UnknownComponentError", "ZooError", "__version__", "build", "component",
-           "load_recipe", "register", "registry", "shipped_recipes"]
+           "from_pretrained", "load_recipe", "register", "registry", "save_pretrained", "shipped_recipes"]
