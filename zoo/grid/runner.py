@@ -4,7 +4,7 @@ Layout of a run directory::
 
     grid.json                 the expanded cells and the report settings (rewritten atomically)
     cells/<cell id>/recipe.yaml
-    cells/<cell id>/metrics.jsonl, checkpoint.pt   (from the trainer)
+    cells/<cell id>/metrics.jsonl, checkpoint/     (from the trainer)
     cells/<cell id>/result.json                    (written last, atomically: the cell is done)
 
 Re-running skips cells whose result.json exists for the same digest, resumes a cell with a
