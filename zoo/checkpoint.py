@@ -81,11 +81,12 @@ def _fsync_dir(path) -> None:
 
 def write_model_dir(directory: str | Path, recipe, model: torch.nn.Module) -> None:
     """Write ``recipe.yaml`` and ``model.safetensors`` into ``directory`` (created if missing;
-    other files in it are left alone). Each file is replaced atomically."""
+    other files in it are left alone). ``recipe`` is a Recipe or its dict (validated first). Each
+    file is replaced atomically; :func:`save_checkpoint` replaces a whole directory."""
     import safetensors.torch
 
     directory = Path(directory)
-    text = yaml.safe_dump(recipe.model_dump(), sort_keys=False)
+    text = yaml.safe_dump(load_recipe(recipe).model_dump(), sort_keys=False)
     metadata = {"format": "pt", "producer": "xlstm-zoo", "xlstm_zoo_format": str(FORMAT)}
     # save_model stores a tied weight once (safetensors refuses shared storage); load_model restores it
     _atomic_file(directory / WEIGHTS, lambda tmp: safetensors.torch.save_model(model, str(tmp), metadata))
@@ -186,6 +187,16 @@ def find_checkpoint(path: str | Path) -> Path | None:
         if candidate.is_dir():
             return candidate
     return _legacy(path) if _legacy(path).is_file() else None
+
+
+def saved_step(path: str | Path) -> int | None:
+    """The step recorded in the checkpoint directory ``path`` (read from its state.json alone),
+    or None where there is none (a model directory, a format-1 file)."""
+    path = Path(path)
+    if not path.is_dir() or not (path / STATE).is_file():
+        return None
+    step = _read_state(path).get("step")
+    return int(step) if step is not None else None
 
 
 def load_checkpoint(path: str | Path, *, map_location="cpu") -> tuple[Any, torch.nn.Module, dict]:

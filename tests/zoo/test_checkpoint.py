@@ -64,6 +64,8 @@ def test_model_dir_round_trip(tmp_path, name):
         assert model2.head.weight is model2.embedding.weight, "the tie survives (stored once in the file)"
     tokens = torch.randint(0, 256, (2, 5))
     torch.testing.assert_close(model2(tokens)[0], model.eval()(tokens)[0], rtol=0, atol=0)
+    write_model_dir(tmp_path / "m", recipe.model_dump(), model)  # the recipe as a dict: the same files
+    assert read_model_dir(tmp_path / "m")[0] == recipe
     _, half = read_model_dir(tmp_path / "m", dtype="bfloat16")
     assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
     assert torch.equal(half.embedding.weight, model.embedding.weight.bfloat16())
