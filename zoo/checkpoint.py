@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 import yaml
 
@@ -83,8 +84,6 @@ def write_model_dir(directory: str | Path, recipe, model: torch.nn.Module) -> No
     """Write ``recipe.yaml`` and ``model.safetensors`` into ``directory`` (created if missing;
     other files in it are left alone). ``recipe`` is a Recipe or its dict (validated first). Each
     file is replaced atomically; :func:`save_checkpoint` replaces a whole directory."""
-    import safetensors.torch
-
     directory = Path(directory)
     text = yaml.safe_dump(load_recipe(recipe).model_dump(), sort_keys=False)
     metadata = {"format": "pt", "producer": "xlstm-zoo", "xlstm_zoo_format": str(FORMAT)}
@@ -97,8 +96,6 @@ def read_model_dir(directory: str | Path, *, dtype: torch.dtype | str | None = N
                    device: str | torch.device = "cpu") -> tuple[Any, torch.nn.Module]:
     """``(recipe, model)`` from a model directory: the recipe's model with the saved weights, in
     eval mode, moved to ``device`` and (floating-point tensors) cast to ``dtype`` if given."""
-    import safetensors.torch
-
     directory = Path(directory)
     missing = [name for name in (RECIPE, WEIGHTS) if not (directory / name).is_file()]
     if not directory.is_dir() or missing:
