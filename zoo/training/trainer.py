@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from xlstm_zoo.checkpoint import load_checkpoint, save_checkpoint
+from xlstm_zoo.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import parameter_roles
@@ -29,7 +29,7 @@ from xlstm_zoo.training.metrics import MetricsLog
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
 
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = "checkpoint"  # a directory: see xlstm_zoo.checkpoint
 METRICS = "metrics.jsonl"
 
 
@@ -94,8 +94,8 @@ def _autocast(device, precision):
 def train(recipe, run_dir: str | Path | None = None, *, progress=None, description: str = "training") -> dict:
     """Train ``recipe.model`` on ``recipe.task``; returns the final evaluation metrics per split.
 
-    With ``run_dir``, writes ``metrics.jsonl`` and ``checkpoint.pt`` there and resumes from the
-    checkpoint if one exists. ``progress`` is a rich Progress to add a task bar to (or None).
+    With ``run_dir``, writes ``metrics.jsonl`` and the ``checkpoint/`` directory there and resumes
+    from the checkpoint if one exists. ``progress`` is a rich Progress to add a task bar to (or None).
     Under ``torchrun`` every rank calls this; rank 0 alone writes and shows progress.
     """
     cfg = recipe.train
@@ -127,8 +127,9 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
         forward.register_comm_hook(None, sum_hook)
 
     start = 0
-    if run_dir is not None and (run_dir / CHECKPOINT).exists():
-        start = _resume(run_dir / CHECKPOINT, recipe, model, optimizer, log, ctx.world)
+    found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
+    if found is not None:
+        start = _resume(found, recipe, model, optimizer, log, ctx.world)
     ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
 
     bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
@@ -149,7 +150,8 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                 optimizer.zero_grad(set_to_none=True)
                 loss = _accumulate(forward, task, batch, rows, cfg, ctx, device)
             if not torch.isfinite(loss):  # the same value on every rank: they all stop here
-                where = f"; the last good checkpoint is {run_dir / CHECKPOINT}" if run_dir and (run_dir / CHECKPOINT).exists() else ""
+                good = find_checkpoint(run_dir / CHECKPOINT) if run_dir else None
+                where = f"; the last good checkpoint is {good}" if good else ""
                 log.write({"step": step + 1, "event": "diverged", "loss": str(loss.item())})
                 raise TrainingDiverged(f"training diverged at step {step + 1}: loss is {loss.item()}{where} "
                                        "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
