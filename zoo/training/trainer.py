@@ -14,6 +14,8 @@ one process and one micro-batch the loop is the plain one: mean loss of the whol
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -135,10 +137,9 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
     bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
     model.train()
     tokens_seen, t0, last_loss = 0, time.perf_counter(), float("nan")
-    safe, saved = None, start
+    safe, saved = start, start  # weights, optimizer and metrics.jsonl are exactly those after `safe` steps
     try:
         for step in range(start, cfg.steps):
-            safe = step  # weights, optimizer and metrics.jsonl are exactly those after `step` steps
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
             batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(device)
@@ -160,25 +161,27 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                 loss.backward()
             if cfg.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            safe = None  # weights change now: an interrupt from here to the next step saves nothing
-            optimizer.step()
-
-            done = step + 1
-            last_loss = loss.item()
-            tokens_seen += batch.tokens.numel()
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                log.write({"step": done, "split": "train", "loss": last_loss, "lr": optimizer.param_groups[0]["lr"]})
-            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                for split in cfg.eval_splits:
-                    log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
-                                                                        precision=cfg.precision, ctx=ctx)})
-            if run_dir is not None and ctx.is_main and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 \
-                    and done < cfg.steps:
-                save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
-                saved = done
-            if bar is not None:
-                rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
-                progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+            with _interrupt_after_block():  # weights change: a Ctrl-C waits until this step is recorded
+                safe = None  # until the step is recorded; an exception in between (a second Ctrl-C) saves nothing
+                optimizer.step()
+                done = step + 1
+                last_loss = loss.item()
+                tokens_seen += batch.tokens.numel()
+                if done % cfg.log_every == 0 or done == cfg.steps:
+                    log.write({"step": done, "split": "train", "loss": last_loss,
+                               "lr": optimizer.param_groups[0]["lr"]})
+                if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                    for split in cfg.eval_splits:
+                        log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
+                                                                            precision=cfg.precision, ctx=ctx)})
+                due = cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps
+                if run_dir is not None and ctx.is_main and due:
+                    save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
+                    saved = done
+                if bar is not None:
+                    rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
+                    progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+                safe = done
     except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
         if run_dir is not None and ctx.is_main and safe is not None and safe > saved:
             save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=safe)
@@ -195,6 +198,30 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
         progress.remove_task(bar)
     return {"steps": cfg.steps, "final_train_loss": last_loss, "metrics": final,
             "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
+
+
+@contextlib.contextmanager
+def _interrupt_after_block():
+    """Hold a Ctrl-C (SIGINT, also how Ray cancels a task) until the block ends, then raise it, so an
+    interrupt never lands between an optimiser step and its metrics and checkpoint bookkeeping. A
+    second Ctrl-C inside the block raises at once. Only the main thread can set signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+
+    def hold(signum, frame):
+        if pending:
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, device: str) -> torch.Tensor:

@@ -54,3 +54,27 @@ def test_interrupt_while_weights_change_keeps_the_previous_checkpoint(tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         trainer.train(recipe, tmp_path / "run")
     assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 10
+
+
+def test_ctrl_c_during_the_optimiser_step_waits_for_the_step(tmp_path, monkeypatch):
+    """A real SIGINT arriving while the weights change is held until the step is recorded, then saved."""
+    import os
+    import signal
+
+    recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
+    calls = {"n": 0}
+    step = torch.optim.AdamW.step
+
+    def step_with_ctrl_c(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 14:
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at its next bytecode, mid-step
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_with_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(recipe, tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 14
+    events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event")]
+    assert events == [{"step": 14, "event": "interrupted"}]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the trainer restores the handler"
