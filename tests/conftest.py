@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-# Test helpers (gate_inputs, venv_helpers, toy_task) live in tests/; tests in sub-folders import them too.
+# Test helpers (gate_inputs, venv_helpers, toy_task, dying_task) live in tests/; tests in sub-folders import them too.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Triton kernels run on CPU tensors through Triton's interpreter when no GPU is visible. The flag is

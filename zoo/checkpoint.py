@@ -1,58 +1,267 @@
-"""Checkpoints: the recipe that built a model plus its weights, written atomically.
+"""Checkpoints: the recipe that built a model plus its weights, never a pickle, written atomically.
 
-A checkpoint is one ``torch.save`` file holding ``{"format": 1, "recipe": <recipe dict>,
-"model": <state_dict>, **extra}`` (the trainer adds optimiser state, step, metrics). It is
-written to a temporary file in the same folder and renamed into place, so a run killed at any
-moment leaves either the old checkpoint or the new one, never a torn file.
+A *model directory* (the "zoo layout") holds ``recipe.yaml`` (the full recipe, plain YAML) and
+``model.safetensors`` (the weights; reading a safetensors file cannot run code). A *training
+checkpoint* is a model directory plus ``optimizer.pt`` (the optimiser's state: tensors and plain
+data, read back with ``torch.load(weights_only=True)``, which refuses anything else) and
+``state.json`` (the step and other plain values).
+
+A training checkpoint is written whole into a temporary directory beside it, then swapped in with
+two renames: ``NAME`` -> ``NAME.old``, temporary -> ``NAME``. A run killed at any moment leaves a
+complete ``NAME``, or (between the two renames) only a complete ``NAME.old``; readers fall back to
+it, so they always see the old checkpoint or the new one, never a torn one.
+
+Format-1 checkpoints (one ``torch.save`` pickle, written before the directory layout) are still
+read, through ``torch.load(weights_only=True)``: a file that needs more than tensors and plain
+data to unpickle (a pickle that would run code) is refused with one line, and nothing in it runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
+import yaml
 
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe import build, load_recipe
 
-FORMAT = 1
+FORMAT = 2
+RECIPE = "recipe.yaml"
+WEIGHTS = "model.safetensors"
+OPTIMIZER = "optimizer.pt"
+STATE = "state.json"
 
 
 def atomic_write(path: str | Path, write) -> None:
     """Call ``write(file_object)`` on a temporary file beside ``path``, then rename it into place."""
+    _atomic_file(path, lambda tmp: _write_with(tmp, write))
+
+
+def _write_with(tmp: Path, write) -> None:
+    with open(tmp, "wb") as f:
+        write(f)
+
+
+def _atomic_file(path: str | Path, write_to) -> None:
+    """Call ``write_to(temporary path)`` beside ``path``, make it durable, rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        write_to(Path(tmp))
+        _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def save_checkpoint(path: str | Path, recipe, model: torch.nn.Module, **extra: Any) -> None:
-    payload = {"format": FORMAT, "recipe": recipe.model_dump(), "model": model.state_dict(), **extra}
-    atomic_write(path, lambda f: torch.save(payload, f))
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path) -> None:
+    if os.name == "posix":  # a rename is durable once its directory is synced (not possible on Windows)
+        _fsync(path)
+
+
+# ----------------------------------------------------------------------------- model directories
+
+def write_model_dir(directory: str | Path, recipe, model: torch.nn.Module) -> None:
+    """Write ``recipe.yaml`` and ``model.safetensors`` into ``directory`` (created if missing;
+    other files in it are left alone). ``recipe`` is a Recipe or its dict (validated first). Each
+    file is replaced atomically; :func:`save_checkpoint` replaces a whole directory."""
+    directory = Path(directory)
+    text = yaml.safe_dump(load_recipe(recipe).model_dump(), sort_keys=False)
+    metadata = {"format": "pt", "producer": "xlstm-zoo", "xlstm_zoo_format": str(FORMAT)}
+    # save_model stores a tied weight once (safetensors refuses shared storage); load_model restores it
+    _atomic_file(directory / WEIGHTS, lambda tmp: safetensors.torch.save_model(model, str(tmp), metadata))
+    atomic_write(directory / RECIPE, lambda f: f.write(text.encode()))
+
+
+def read_model_dir(directory: str | Path, *, dtype: torch.dtype | str | None = None,
+                   device: str | torch.device = "cpu") -> tuple[Any, torch.nn.Module]:
+    """``(recipe, model)`` from a model directory: the recipe's model with the saved weights, in
+    eval mode, moved to ``device`` and (floating-point tensors) cast to ``dtype`` if given."""
+    directory = Path(directory)
+    missing = [name for name in (RECIPE, WEIGHTS) if not (directory / name).is_file()]
+    if not directory.is_dir() or missing:
+        what = "no such directory" if not directory.is_dir() else f"missing {' and '.join(missing)}"
+        raise ConfigError(f"not an xlstm-zoo model directory ({what}; one holds {RECIPE} and {WEIGHTS})",
+                          file=str(directory))
+    cast = _dtype(dtype, directory) if dtype is not None else None
+    recipe = load_recipe(directory / RECIPE)
+    model = build(recipe)
+    try:
+        safetensors.torch.load_model(model, directory / WEIGHTS, strict=True)
+    except RuntimeError as err:
+        first = " ".join(str(err).splitlines()[0:2])
+        raise ConfigError(f"weights do not match the checkpoint's recipe: {first}", file=str(directory / WEIGHTS)) from None
+    except Exception as err:  # safetensors' own errors: a torn or foreign file
+        raise ConfigError(f"not a readable safetensors file ({type(err).__name__}: {err})",
+                          file=str(directory / WEIGHTS)) from None
+    return recipe, model.to(device=device, dtype=cast).eval()
+
+
+def _dtype(dtype, where) -> torch.dtype:
+    value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ConfigError(f"dtype {dtype!r} is not a floating-point torch dtype "
+                          "(e.g. float32, bfloat16, float16)", file=str(where))
+    return value
+
+
+def is_model_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / RECIPE).is_file() and (path / WEIGHTS).is_file()
+
+
+# ----------------------------------------------------------------------------- training checkpoints
+
+def save_checkpoint(path: str | Path, recipe, model: torch.nn.Module, *, optimizer: dict | None = None,
+                    **state: Any) -> None:
+    """Write the training checkpoint directory ``path`` as a whole: the model directory, the
+    optimiser's ``state_dict()`` if given, and ``state`` (JSON values, e.g. ``step=``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state_text = json.dumps({"format": FORMAT, **state}, indent=2) + "\n"  # fails before anything is written
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        write_model_dir(tmp, recipe, model)
+        if optimizer is not None:
+            _atomic_file(tmp / OPTIMIZER, lambda t: torch.save(optimizer, t))
+        atomic_write(tmp / STATE, lambda f: f.write(state_text.encode()))
+        _fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _swap_in(tmp, path)
+
+
+def _swap_in(tmp: Path, path: Path) -> None:
+    """Put the complete directory ``tmp`` at ``path``; a kill at any point leaves a complete
+    ``path`` or, between the two renames, a complete ``path.old`` (see :func:`find_checkpoint`)."""
+    old = _old(path)
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)  # a kill after an earlier swap left it; `path` is newer
+        os.rename(path, old)
+    os.rename(tmp, path)  # until here `old` is the checkpoint
+    _fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    _legacy(path).unlink(missing_ok=True)  # a format-1 file superseded by this one
+
+
+def _old(path: Path) -> Path:
+    return path.with_name(path.name + ".old")
+
+
+def _legacy(path: Path) -> Path:
+    return path.with_name(path.name + ".pt")
+
+
+def find_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint to resume from for the checkpoint path ``path`` (a directory written by
+    :func:`save_checkpoint`): ``path`` itself; else ``path.old`` (a run killed between the two
+    renames of a save); else a format-1 file ``path.pt``; else None."""
+    path = Path(path)
+    for candidate in (path, _old(path)):
+        if candidate.is_dir():
+            return candidate
+    return _legacy(path) if _legacy(path).is_file() else None
+
+
+def saved_step(path: str | Path) -> int | None:
+    """The step recorded in the checkpoint directory ``path`` (read from its state.json alone),
+    or None where there is none (a model directory, a format-1 file)."""
+    path = Path(path)
+    if not path.is_dir() or not (path / STATE).is_file():
+        return None
+    step = _read_state(path).get("step")
+    return int(step) if step is not None else None
 
 
 def load_checkpoint(path: str | Path, *, map_location="cpu") -> tuple[Any, torch.nn.Module, dict]:
-    """``(recipe, model with the saved weights, the rest of the payload)``."""
+    """``(recipe, model with the saved weights, the saved state)``; the state holds the step and
+    whatever else was saved, and ``optimizer`` when an optimiser state was saved.
+
+    ``path`` is a checkpoint or model directory, a run directory holding ``checkpoint/``, or a
+    format-1 ``.pt`` file. Nothing read can run code.
+    """
     path = Path(path)
+    if path.is_dir() and not is_model_dir(path):
+        found = find_checkpoint(path / "checkpoint")
+        path = found if found is not None else path
+    elif not path.exists():
+        path = find_checkpoint(path) or path
+    if path.is_file():
+        return _load_format_1(path, map_location)
+    if not path.exists():
+        raise ConfigError("no such checkpoint", file=str(path))
+    recipe, model = read_model_dir(path)
+    state = _read_state(path)
+    if (path / OPTIMIZER).is_file():
+        state["optimizer"] = _safe_load(path / OPTIMIZER, map_location)
+    return recipe, model, state
+
+
+def _read_state(path: Path) -> dict:
+    if not (path / STATE).is_file():
+        return {}
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=False)
-    except FileNotFoundError:
-        raise ConfigError("no such checkpoint file", file=str(path)) from None
+        state = json.loads((path / STATE).read_text())
+    except ValueError as err:
+        raise ConfigError(f"not readable JSON ({err})", file=str(path / STATE)) from None
+    if not isinstance(state, dict) or state.pop("format", FORMAT) != FORMAT:
+        raise ConfigError(f"not an xlstm-zoo checkpoint state (format {FORMAT})", file=str(path / STATE))
+    return state
+
+
+def _safe_load(path: Path, map_location):
+    """``torch.load`` that only rebuilds tensors and plain data: a file needing anything else
+    (a class, a function: what a malicious pickle uses to run code) is refused before it runs."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ConfigError(f"refused to unpickle ({_unpickler_reason(str(err))}): a .pt file is read only if it holds "
+                          "tensors and plain data, as anything more could run code; xlstm-zoo checkpoints are "
+                          f"directories with {RECIPE} and {WEIGHTS} (if you trust this file, load it yourself "
+                          "and save the model with xlstm_zoo.checkpoint.write_model_dir)", file=str(path)) from None
     except Exception as err:
         raise ConfigError(f"not a readable xlstm-zoo checkpoint ({type(err).__name__}: {err})", file=str(path)) from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT or "recipe" not in payload:
-        raise ConfigError(f"not an xlstm-zoo checkpoint (format {FORMAT} with a recipe)", file=str(path))
+
+
+def _unpickler_reason(message: str) -> str:
+    """The one sentence of torch's long weights-only error that says what was refused."""
+    text = " ".join(message.split()).split(" Check the documentation")[0]
+    for start, skip in (("WeightsUnpickler error: ", True), ("Trying to load ", False)):
+        if start in text:
+            rest = text[text.index(start) + (len(start) if skip else 0):]
+            return rest.split(". ")[0].rstrip(".")
+    return "it holds more than tensors and plain data"
+
+
+def _load_format_1(path: Path, map_location) -> tuple[Any, torch.nn.Module, dict]:
+    payload = _safe_load(path, map_location)
+    if not isinstance(payload, dict) or payload.get("format") != 1 or "recipe" not in payload:
+        raise ConfigError("not an xlstm-zoo checkpoint (a directory with recipe.yaml and model.safetensors, "
+                          "or a format-1 .pt file)", file=str(path))
+    payload.pop("format")
     recipe = load_recipe(payload.pop("recipe"))
     model = build(recipe)
     try:
@@ -60,4 +269,4 @@ def load_checkpoint(path: str | Path, *, map_location="cpu") -> tuple[Any, torch
     except RuntimeError as err:
         first = str(err).splitlines()[0:2]
         raise ConfigError(f"weights do not match the checkpoint's recipe: {' '.join(first)}", file=str(path)) from None
-    return recipe, model, payload
+    return recipe, model.eval(), payload

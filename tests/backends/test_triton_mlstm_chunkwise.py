@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from xlstm_zoo.backends.gating import GateSchemes, log_gate  # noqa: E402
 from xlstm_zoo.backends.reference.mlstm.chunkwise import mlstm_chunkwise  # noqa: E402
-from xlstm_zoo.tolerances import assert_close as policy_close  # noqa: E402
+from triton_checks import assert_tensors_close, compile_for_sm90  # noqa: E402
 from xlstm_zoo.backends.states import MLSTMState  # noqa: E402
 
 EXP_SIG = GateSchemes(input="exponential", forget="sigmoid")
@@ -76,21 +76,7 @@ def run(fn, inputs, state, weights, *, with_m=False):
 
 
 def assert_close(got, want, tol=None, names=NAMES):
-    """Per tensor: finite (an unwritten element?), then the policy's fp32 kernel bound
-    (``max|x - ref| <= 1e-4 * max|ref|``, xlstm_zoo.tolerances) or, where a test says why, ``tol``."""
-    for name, x, y in zip(names, got, want):
-        if y is None:
-            assert x is None, name
-            continue
-        x, y = x.detach().float(), y.detach().float()
-        assert x.shape == y.shape, (name, x.shape, y.shape)
-        assert torch.isfinite(x).all(), f"{name}: non-finite values (an unwritten element?)"
-        if tol is None:
-            policy_close(x, y, kind="kernel", what=name)
-            continue
-        err = (x - y).abs().max().item()
-        scale = y.abs().max().item()
-        assert err <= tol * scale + 1e-12, f"{name}: max abs err {err:.3g} > {tol} * {scale:.3g}"
+    assert_tensors_close(got, want, names, tol)
 
 
 def triton_fn(gates, chunk_size, eps=1e-6, block_k=None, block_v=None):
@@ -354,22 +340,4 @@ for fn, bk, bv, warps in kernels:
 
 @pytest.mark.parametrize("dtype, L", [("bf16", 64), ("fp32", 16)])
 def test_kernels_compile_for_sm90(dtype, L, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    import triton
-
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present: the other tests compile and run the kernels")
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        pytest.skip(f"triton's bundled ptxas is missing ({ptxas})")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, dtype, str(L)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    if proc.stdout.startswith("SKIP"):
-        pytest.skip(f"triton's ASTSource API differs: {proc.stdout.strip()}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.count("compiled") == 4, proc.stdout
+    compile_for_sm90(_AOT_SCRIPT, [dtype, str(L)], 4, tmp_path)

@@ -26,7 +26,7 @@ pytest.importorskip("triton")
 
 from xlstm_zoo.backends.gating import GateSchemes  # noqa: E402
 from xlstm_zoo.backends.reference.slstm import slstm_sequence as ref_sequence  # noqa: E402
-from xlstm_zoo.tolerances import assert_close as policy_close  # noqa: E402
+from triton_checks import assert_tensors_close, compile_for_sm90  # noqa: E402
 from xlstm_zoo.backends.states import SLSTMState  # noqa: E402
 
 ALL_GATES = [GateSchemes(input=i, forget=f) for i, f in itertools.product(("exponential", "sigmoid"), repeat=2)]
@@ -74,21 +74,7 @@ def run(fn, wx, R, state, *, seed=99, true_scale=True):
 
 
 def assert_close(got, want, tol=None, names=NAMES):
-    """Per tensor: finite (an unwritten element?), then the policy's fp32 kernel bound
-    (``max|x - ref| <= 1e-4 * max|ref|``, xlstm_zoo.tolerances) or, where a test says why, ``tol``."""
-    for name, x, y in zip(names, got, want):
-        if y is None:
-            assert x is None, name
-            continue
-        x, y = x.detach().float(), y.detach().float()
-        assert x.shape == y.shape, (name, x.shape, y.shape)
-        assert torch.isfinite(x).all(), f"{name}: non-finite values (an unwritten element?)"
-        if tol is None:
-            policy_close(x, y, kind="kernel", what=name)
-            continue
-        err = (x - y).abs().max().item()
-        scale = y.abs().max().item()
-        assert err <= tol * scale + 1e-12, f"{name}: max abs err {err:.3g} > {tol} * {scale:.3g}"
+    assert_tensors_close(got, want, names, tol)
 
 
 def triton_fn(gates, block_d=None, block_b=None):
@@ -363,22 +349,4 @@ for fn in (mod._fwd, mod._bwd):
 
 @pytest.mark.parametrize("dtype, Dh", [("fp32", 64), ("bf16", 256)], ids=["fp32-onchip", "bf16-streamed"])
 def test_kernels_compile_for_sm90(dtype, Dh, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    import triton
-
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present: the other tests compile and run the kernels")
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        pytest.skip(f"triton's bundled ptxas is missing ({ptxas})")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, dtype, str(Dh)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    if proc.stdout.startswith("SKIP"):
-        pytest.skip(f"triton's ASTSource API differs: {proc.stdout.strip()}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.count("compiled") == 2, proc.stdout
+    compile_for_sm90(_AOT_SCRIPT, [dtype, str(Dh)], 2, tmp_path)

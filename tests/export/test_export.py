@@ -30,7 +30,7 @@ import torch
 
 import xlstm_zoo
 from xlstm_zoo.cells.base import Cell
-from xlstm_zoo.checkpoint import save_checkpoint
+from xlstm_zoo.checkpoint import save_checkpoint, write_model_dir
 from xlstm_zoo.config import BuildContext, ZooConfig, build
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.export import ExportError, build_signature, export_step, named_state
@@ -356,9 +356,9 @@ def test_cli_onnx_from_a_checkpoint_end_to_end(tmp_path, run_cli):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))  # weights no fresh build has: the export must carry them
-    save_checkpoint(tmp_path / "model.pt", recipe, model)
+    save_checkpoint(tmp_path / "run" / "checkpoint", recipe, model, step=1)
     out_dir = tmp_path / "onnx"
-    code, out, err = run_cli("export", tmp_path / "model.pt", "--format", "onnx", "--out", out_dir,
+    code, out, err = run_cli("export", tmp_path / "run", "--format", "onnx", "--out", out_dir,
                           "--batch", "1,2,4", "--rollout", "300", "--threads", "1")
     assert code == 0, out + err
     for text in ("versions: torch 2", "onnx 1.", "onnxruntime 1.", "opset 18", "step.onnx: ", "KiB",
@@ -503,16 +503,29 @@ def test_data_dependent_branch_names_the_component_and_line(plugin_cells, tmp_pa
     assert not (tmp_path / "step.onnx").exists()
 
 
-def test_checkpoint_that_does_not_match_its_recipe(tmp_path, run_cli):
+class RunsCode:
+    """Unpickled, it creates ``marker``: the shape of a pickle exploit."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def test_checkpoint_that_does_not_match_its_recipe_or_is_unsafe(tmp_path, run_cli):
     recipe = load_recipe("xlstm_1_1", ["stack.num_blocks=2", f"dim={DIM}"])
-    save_checkpoint(tmp_path / "model.pt", recipe, build_recipe(recipe))
-    payload = torch.load(tmp_path / "model.pt", weights_only=False)
-    payload["recipe"]["model"]["dim"] = 64
-    torch.save(payload, tmp_path / "bad.pt")
-    assert_one_line_error(*run_cli("export", tmp_path / "bad.pt", "--out", tmp_path / "o"), "bad.pt",
+    write_model_dir(tmp_path / "model", recipe, build_recipe(recipe))
+    write_model_dir(tmp_path / "bad", load_recipe("xlstm_1_1", ["stack.num_blocks=2", "dim=64"]), build_recipe(recipe))
+    assert_one_line_error(*run_cli("export", tmp_path / "bad", "--out", tmp_path / "o"), "model.safetensors",
                           "weights do not match")
-    assert_one_line_error(*run_cli("export", tmp_path / "model.pt", "--set", "dim=64", "--out", tmp_path / "o"),
+    assert_one_line_error(*run_cli("export", tmp_path / "model", "--set", "dim=64", "--out", tmp_path / "o"),
                           "--set changes a recipe")
+    marker = tmp_path / "code_ran"  # a pickle that would run code is refused before anything in it runs
+    torch.save({"format": 1, "x": RunsCode(marker)}, tmp_path / "evil.pt")
+    assert_one_line_error(*run_cli("export", tmp_path / "evil.pt", "--out", tmp_path / "o"), "evil.pt",
+                          "refused to unpickle")
+    assert not marker.exists()
     assert not (tmp_path / "o" / "step.onnx").exists()
 
 

@@ -36,7 +36,8 @@ FORMATS = ("onnx", "tensorrt")
 
 def _arguments(c) -> None:
     c.add_argument("source", metavar="RECIPE_OR_CHECKPOINT",
-                   help="a recipe file, a shipped recipe name (see `xlstm-zoo recipes`), or a checkpoint file")
+                   help="a recipe file, a shipped recipe name (see `xlstm-zoo recipes`), a checkpoint or model "
+                        "directory, a training run directory, or a format-1 .pt checkpoint")
     c.add_argument("--format", dest="fmt", default="onnx", metavar="FORMAT", help="onnx (default) or tensorrt")
     c.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     c.add_argument("--batch", default="1,8,64", metavar="MIN,OPT,MAX",
@@ -55,9 +56,9 @@ def _arguments(c) -> None:
 
 
 def load_model(source: str, overrides: list[str]):
-    """``(name, model)`` from a checkpoint file (trained weights) or a recipe (random weights)."""
+    """``(name, model)`` from a checkpoint (trained weights) or a recipe (random weights)."""
     path = Path(source)
-    if path.is_file() and path.suffix.lower() not in (".yaml", ".yml"):
+    if path.is_dir() or (path.is_file() and path.suffix.lower() not in (".yaml", ".yml")):
         if overrides:
             raise ConfigError("--set changes a recipe; a checkpoint's weights only fit the recipe stored with them",
                               file=str(path))

@@ -37,7 +37,7 @@ def _recipe_arguments(parser, profile_help: str, optional: bool = False) -> None
 
 def _train_arguments(parser) -> None:
     _recipe_arguments(parser, "a named profile of the recipe, e.g. quick")
-    parser.add_argument("--out", help="run directory for metrics.jsonl and checkpoint.pt (default: none)")
+    parser.add_argument("--out", help="run directory for metrics.jsonl and checkpoint/ (default: none)")
     parser.add_argument("--nproc", type=_positive_int, default=1, metavar="N",
                         help="train data-parallel in N processes on this machine (torchrun --standalone; gloo on "
                              "CPU, NCCL on CUDA); train.batch_size stays the global batch")

@@ -3,7 +3,7 @@
 Before a cell is trained, its runner creates ``cells/<id>/claim.json`` exclusively (written under
 a private name, then hard-linked into place: atomic, also on NFS, and never half-written): host, pid, the process's start time, attempt number,
 and when it started. Only the claim's holder appends to the cell's ``metrics.jsonl`` and
-``attempts.jsonl`` and writes its ``checkpoint.pt`` and ``result.json``, so no file is ever written
+``attempts.jsonl`` and writes its ``checkpoint/`` and ``result.json``, so no file is ever written
 by two launches. The holder touches the claim every ``HEARTBEAT_S`` seconds and removes it when the
 cell's result is written.
 

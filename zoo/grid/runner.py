@@ -4,7 +4,7 @@ Layout of a run directory::
 
     grid.json                 the expanded cells and the report settings (rewritten atomically)
     cells/<cell id>/recipe.yaml
-    cells/<cell id>/metrics.jsonl, checkpoint.pt   (from the trainer)
+    cells/<cell id>/metrics.jsonl, checkpoint/     (from the trainer)
     cells/<cell id>/result.json                    (written last, atomically: the cell is done)
 
 Re-running skips cells whose result.json exists for the same digest, resumes a cell with a
@@ -35,14 +35,14 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from xlstm_zoo.checkpoint import atomic_write
+from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, saved_step
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.errors import ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.training.distributed import check_split, run_torchrun
 from xlstm_zoo.training.metrics import read_metrics
-from xlstm_zoo.training.trainer import train
+from xlstm_zoo.training.trainer import CHECKPOINT, train
 
 RESULT = "result.json"
 
@@ -311,7 +311,7 @@ def worker_run_cell(cell: Cell, out_dir: str, retry_failed: bool = False, since:
 def cell_states(out_dir: str | Path) -> list[dict]:
     """Each cell of a run directory's ``grid.json`` with its state, read from the files alone (no
     recipe, no Ray): ``finished``, ``failed``, ``running`` (a live claim: attempt, host, pid, last
-    step), ``to run`` (``resumable at step N`` when it has metrics), or ``invalid``."""
+    step), ``to run`` (``resumable at step N``: its checkpoint's step), or ``invalid``."""
     out_dir = Path(out_dir)
     manifest_path = out_dir / "grid.json"
     if not manifest_path.exists():
@@ -335,12 +335,20 @@ def cell_states(out_dir: str | Path) -> list[dict]:
             row["state"], row["detail"] = "invalid", entry["error"]
         else:
             row["state"] = "to run"
-            notes = [f"resumable at step {last_step}" if last_step else ""]
+            notes = [_resume_note(cell_dir, last_step)]
             if claim:
                 notes.append(f"stale claim: {describe(claim)}")
             row["detail"] = "; ".join(n for n in notes if n)
         rows.append(row)
     return rows
+
+
+def _resume_note(cell_dir: Path, last_step: int) -> str:
+    found = find_checkpoint(cell_dir / CHECKPOINT)
+    if found is None:
+        return f"no checkpoint yet, {last_step} logged steps will be redone" if last_step else ""
+    step = saved_step(found)
+    return f"resumable at step {step}" if step is not None else f"resumable from {found.name}"
 
 
 def _last_step(path: Path) -> int:

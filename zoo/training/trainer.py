@@ -14,12 +14,14 @@ one process and one micro-batch the loop is the plain one: mean loss of the whol
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from pathlib import Path
 
 import torch
 
-from xlstm_zoo.checkpoint import load_checkpoint, save_checkpoint
+from xlstm_zoo.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import parameter_roles
@@ -29,7 +31,7 @@ from xlstm_zoo.training.metrics import MetricsLog
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
 
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = "checkpoint"  # a directory: see xlstm_zoo.checkpoint
 METRICS = "metrics.jsonl"
 
 
@@ -94,8 +96,8 @@ def _autocast(device, precision):
 def train(recipe, run_dir: str | Path | None = None, *, progress=None, description: str = "training") -> dict:
     """Train ``recipe.model`` on ``recipe.task``; returns the final evaluation metrics per split.
 
-    With ``run_dir``, writes ``metrics.jsonl`` and ``checkpoint.pt`` there and resumes from the
-    checkpoint if one exists. ``progress`` is a rich Progress to add a task bar to (or None).
+    With ``run_dir``, writes ``metrics.jsonl`` and the ``checkpoint/`` directory there and resumes
+    from the checkpoint if one exists. ``progress`` is a rich Progress to add a task bar to (or None).
     Under ``torchrun`` every rank calls this; rank 0 alone writes and shows progress.
     """
     cfg = recipe.train
@@ -127,17 +129,17 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
         forward.register_comm_hook(None, sum_hook)
 
     start = 0
-    if run_dir is not None and (run_dir / CHECKPOINT).exists():
-        start = _resume(run_dir / CHECKPOINT, recipe, model, optimizer, log, ctx.world)
+    found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
+    if found is not None:
+        start = _resume(found, recipe, model, optimizer, log, ctx.world)
     ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
 
     bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
     model.train()
     tokens_seen, t0, last_loss = 0, time.perf_counter(), float("nan")
-    safe, saved = None, start
+    safe, saved = start, start  # weights, optimizer and metrics.jsonl are exactly those after `safe` steps
     try:
         for step in range(start, cfg.steps):
-            safe = step  # weights, optimizer and metrics.jsonl are exactly those after `step` steps
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
             batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(device)
@@ -149,7 +151,8 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                 optimizer.zero_grad(set_to_none=True)
                 loss = _accumulate(forward, task, batch, rows, cfg, ctx, device)
             if not torch.isfinite(loss):  # the same value on every rank: they all stop here
-                where = f"; the last good checkpoint is {run_dir / CHECKPOINT}" if run_dir and (run_dir / CHECKPOINT).exists() else ""
+                good = find_checkpoint(run_dir / CHECKPOINT) if run_dir else None
+                where = f"; the last good checkpoint is {good}" if good else ""
                 log.write({"step": step + 1, "event": "diverged", "loss": str(loss.item())})
                 raise TrainingDiverged(f"training diverged at step {step + 1}: loss is {loss.item()}{where} "
                                        "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
@@ -158,25 +161,27 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                 loss.backward()
             if cfg.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            safe = None  # weights change now: an interrupt from here to the next step saves nothing
-            optimizer.step()
-
-            done = step + 1
-            last_loss = loss.item()
-            tokens_seen += batch.tokens.numel()
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                log.write({"step": done, "split": "train", "loss": last_loss, "lr": optimizer.param_groups[0]["lr"]})
-            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                for split in cfg.eval_splits:
-                    log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
-                                                                        precision=cfg.precision, ctx=ctx)})
-            if run_dir is not None and ctx.is_main and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 \
-                    and done < cfg.steps:
-                save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
-                saved = done
-            if bar is not None:
-                rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
-                progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+            with _interrupt_after_block():  # weights change: a Ctrl-C waits until this step is recorded
+                safe = None  # until the step is recorded; an exception in between (a second Ctrl-C) saves nothing
+                optimizer.step()
+                done = step + 1
+                last_loss = loss.item()
+                tokens_seen += batch.tokens.numel()
+                if done % cfg.log_every == 0 or done == cfg.steps:
+                    log.write({"step": done, "split": "train", "loss": last_loss,
+                               "lr": optimizer.param_groups[0]["lr"]})
+                if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                    for split in cfg.eval_splits:
+                        log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
+                                                                            precision=cfg.precision, ctx=ctx)})
+                due = cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps
+                if run_dir is not None and ctx.is_main and due:
+                    save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
+                    saved = done
+                if bar is not None:
+                    rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
+                    progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
+                safe = done
     except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
         if run_dir is not None and ctx.is_main and safe is not None and safe > saved:
             save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=safe)
@@ -193,6 +198,30 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
         progress.remove_task(bar)
     return {"steps": cfg.steps, "final_train_loss": last_loss, "metrics": final,
             "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
+
+
+@contextlib.contextmanager
+def _interrupt_after_block():
+    """Hold a Ctrl-C (SIGINT, also how Ray cancels a task) until the block ends, then raise it, so an
+    interrupt never lands between an optimiser step and its metrics and checkpoint bookkeeping. A
+    second Ctrl-C inside the block raises at once. Only the main thread can set signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+
+    def hold(signum, frame):
+        if pending:
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, device: str) -> torch.Tensor:

@@ -3,6 +3,7 @@ of dead holders are taken over, and `grid --status` reads a run directory withou
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -168,6 +169,10 @@ def test_grid_status_reads_a_run_directory(tmp_path, run_cli):
     with acquire(tmp_path / "cells" / second):
         code, out, _ = run_cli("grid", "--status", tmp_path)
         assert "1 finished, 1 running" in out and f"pid {os.getpid()}" in out and "step 12" in out
+    os.rename(tmp_path / "cells" / second / "checkpoint", tmp_path / "cells" / second / "checkpoint.old")
+    assert "resumable at step 12" in run_cli("grid", "--status", tmp_path)[1], "killed mid-swap: the old one counts"
+    shutil.rmtree(tmp_path / "cells" / second / "checkpoint.old")
+    assert "no checkpoint yet, 12 logged steps will be redone" in run_cli("grid", "--status", tmp_path)[1]
 
 
 def test_grid_command_line_errors(tmp_path, run_cli):

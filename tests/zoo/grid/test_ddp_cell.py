@@ -82,7 +82,7 @@ def test_killing_the_grid_driver_stops_the_cells_ranks(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(recipe=str(recipe_path), out=str(out))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 120
-    while not list(out.glob("cells/*/checkpoint.pt")):
+    while not list(out.glob("cells/*/checkpoint")):
         assert time.time() < deadline and proc.poll() is None, "the cell did not start training"
         time.sleep(0.2)
     ranks = _descendants(proc.pid)

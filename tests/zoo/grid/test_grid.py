@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from xlstm_zoo import load_recipe
+from xlstm_zoo.checkpoint import find_checkpoint, load_checkpoint
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, fmt, write_report
@@ -165,7 +166,7 @@ def test_sigkill_mid_cell_loses_nothing_and_resumes(tmp_path):
     # wait until the first cell is finished and the second has a checkpoint, then kill -9
     while time.time() < deadline:
         done = list(cells.glob("*/result.json")) if cells.exists() else []
-        ckpts = list(cells.glob("*/checkpoint.pt")) if cells.exists() else []
+        ckpts = list(cells.glob("*/checkpoint")) if cells.exists() else []
         if len(done) == 1 and len(ckpts) == 2:
             break
         assert proc.poll() is None, proc.communicate()
@@ -179,6 +180,8 @@ def test_sigkill_mid_cell_loses_nothing_and_resumes(tmp_path):
     before = finished.read_bytes()
     for path in out.rglob("*.json"):
         json.loads(path.read_text())  # every JSON file a reader trusts is whole
+    for cell in cells.iterdir():  # and every cell's checkpoint (killed at any moment, maybe mid-swap)
+        assert load_checkpoint(find_checkpoint(cell / "checkpoint"))[2]["step"] % 40 == 0
     assert len(list(cells.glob("*/result.json"))) == 1
 
     resumed = _run_driver(recipe_path, out)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from xlstm_zoo import load_recipe
+from xlstm_zoo.checkpoint import load_checkpoint
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.grid import ray_executor
 from xlstm_zoo.grid.expand import expand
@@ -92,7 +93,7 @@ def test_killed_worker_is_retried_and_resumes_from_its_checkpoint(ray_local, tmp
     finally:
         torch.set_num_threads(threads)
     clean = next((tmp_path / "clean" / "cells").iterdir())
-    killed_w, clean_w = torch.load(cell / "checkpoint.pt")["model"], torch.load(clean / "checkpoint.pt")["model"]
+    killed_w, clean_w = load_checkpoint(cell)[1].state_dict(), load_checkpoint(clean)[1].state_dict()
     assert all(torch.equal(killed_w[k], clean_w[k]) for k in clean_w), "resuming changed nothing"
 
 

@@ -97,7 +97,7 @@ def in_process(tmp_path, micro_batches):
 
 
 def states(out):
-    _, model, extra = load_checkpoint(out / "checkpoint.pt")
+    _, model, extra = load_checkpoint(out / "checkpoint")
     return model.state_dict(), extra
 
 
@@ -131,7 +131,7 @@ def test_only_rank_zero_writes(ddp_run):
     records = read_metrics(out / "metrics.jsonl")
     keys = [(r["step"], r.get("split")) for r in records]
     assert len(keys) == len(set(keys)) and [r["step"] for r in records if r["split"] == "train"] == list(range(5, 41, 5))
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "metrics.jsonl"], "no temporaries, one of each"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl"], "no temporaries, one of each"
     assert proc.stdout.count('"world_size": 2') == 1, "the result is printed once"
 
 
@@ -140,7 +140,7 @@ def test_resume_after_a_rank_dies_is_exact(ddp_run, tmp_path):
     proc, seconds = torchrun(tmp_path, out, fault="die")
     assert proc.returncode != 0 and (tmp_path / "died").exists()
     assert seconds < 120, "the surviving rank does not hang"
-    assert load_checkpoint(out / "checkpoint.pt")[2]["step"] == 20
+    assert load_checkpoint(out / "checkpoint")[2]["step"] == 20
     proc, _ = torchrun(tmp_path, out, fault="die")
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = [r for r in read_metrics(out / "metrics.jsonl") if r.get("event")]

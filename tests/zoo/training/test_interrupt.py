@@ -26,14 +26,14 @@ def test_interrupt_checkpoints_the_last_whole_step_and_resumes_exactly(tmp_path,
     monkeypatch.setattr(trainer, "_step_generator", interrupted)
     with pytest.raises(KeyboardInterrupt):
         trainer.train(recipe, tmp_path / "run")
-    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")[2]["step"] == 13, "not only the periodic one at 10"
+    assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 13, "not only the periodic one at 10"
     monkeypatch.setattr(trainer, "_step_generator", plain)
     trainer.train(recipe, tmp_path / "run")
     events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event")]
     assert events == [{"step": 13, "event": "interrupted"}, {"step": 13, "event": "resumed"}]
     trainer.train(recipe, tmp_path / "clean")
-    resumed = load_checkpoint(tmp_path / "run" / "checkpoint.pt")[1].state_dict()
-    clean = load_checkpoint(tmp_path / "clean" / "checkpoint.pt")[1].state_dict()
+    resumed = load_checkpoint(tmp_path / "run" / "checkpoint")[1].state_dict()
+    clean = load_checkpoint(tmp_path / "clean" / "checkpoint")[1].state_dict()
     assert all(torch.equal(resumed[k], clean[k]) for k in clean)
     steps = [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("split") == "train"]
     assert steps == [5, 10, 15, 20, 25, 30]
@@ -53,4 +53,28 @@ def test_interrupt_while_weights_change_keeps_the_previous_checkpoint(tmp_path, 
     monkeypatch.setattr(torch.optim.AdamW, "step", interrupted_step)
     with pytest.raises(KeyboardInterrupt):
         trainer.train(recipe, tmp_path / "run")
-    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")[2]["step"] == 10
+    assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 10
+
+
+def test_ctrl_c_during_the_optimiser_step_waits_for_the_step(tmp_path, monkeypatch):
+    """A real SIGINT arriving while the weights change is held until the step is recorded, then saved."""
+    import os
+    import signal
+
+    recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
+    calls = {"n": 0}
+    step = torch.optim.AdamW.step
+
+    def step_with_ctrl_c(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 14:
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at its next bytecode, mid-step
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_with_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(recipe, tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 14
+    events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event")]
+    assert events == [{"step": 14, "event": "interrupted"}]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the trainer restores the handler"

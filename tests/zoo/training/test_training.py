@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def test_training_learns_and_writes_metrics(tmp_path):
     assert result["metrics"]["valid"]["accuracy"] > 0.9, result
     assert set(result["metrics"]) == {"valid", "test"}
     assert {r["step"] for r in records if r.get("split") == "valid"} == {75, 150}, "periodic and final evaluation"
-    _, _, extra = load_checkpoint(tmp_path / "checkpoint.pt")
+    _, _, extra = load_checkpoint(tmp_path / "checkpoint")
     assert extra["step"] == 150 and "optimizer" in extra
 
 
@@ -42,10 +43,11 @@ class Interrupt(Exception):
     pass
 
 
-def test_resume_is_exact(tmp_path, monkeypatch):
+@pytest.mark.parametrize("written_as", ["directory", "format-1 file"])
+def test_resume_is_exact(tmp_path, monkeypatch, written_as):
     recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
     train(recipe, tmp_path / "whole")
-    _, whole, _ = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
+    _, whole, _ = load_checkpoint(tmp_path / "whole" / "checkpoint")
 
     calls = {"n": 0}
     original = toy_task.ToyCopy.batch
@@ -61,9 +63,15 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     with pytest.raises(Interrupt):
         train(recipe, tmp_path / "split")
     monkeypatch.setattr(toy_task.ToyCopy, "batch", original)
-    assert load_checkpoint(tmp_path / "split" / "checkpoint.pt")[2]["step"] == 20
+    assert load_checkpoint(tmp_path / "split" / "checkpoint")[2]["step"] == 20
+    if written_as == "format-1 file":  # a run from before the directory layout resumes too
+        saved, model, state = load_checkpoint(tmp_path / "split" / "checkpoint")
+        torch.save({"format": 1, "recipe": saved.model_dump(), "model": model.state_dict(), **state},
+                   tmp_path / "split" / "checkpoint.pt")
+        shutil.rmtree(tmp_path / "split" / "checkpoint")
     train(recipe, tmp_path / "split")
-    _, resumed, _ = load_checkpoint(tmp_path / "split" / "checkpoint.pt")
+    assert sorted(p.name for p in (tmp_path / "split").iterdir()) == ["checkpoint", "metrics.jsonl"]
+    _, resumed, _ = load_checkpoint(tmp_path / "split" / "checkpoint")
     # exact: a resumed run replays the same steps bit for bit
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m, name=name: f"{name} differs after resume: {m}")
@@ -84,9 +92,9 @@ def test_divergence_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, 
         return loss * float("nan") if calls["n"] == 7 else loss
 
     monkeypatch.setattr(toy_task.ToyCopy, "loss", exploding)
-    with pytest.raises(TrainingDiverged, match=r"diverged at step 7: loss is nan; the last good checkpoint is .*checkpoint.pt"):
+    with pytest.raises(TrainingDiverged, match=r"diverged at step 7: loss is nan; the last good checkpoint is \S*/checkpoint \(try"):
         train(recipe, tmp_path)
-    _, model, extra = load_checkpoint(tmp_path / "checkpoint.pt")
+    _, model, extra = load_checkpoint(tmp_path / "checkpoint")
     assert extra["step"] == 4
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -113,4 +121,4 @@ def test_cli_train(tmp_path, capsys):
     (tmp_path / "toy.yaml").write_text(json.dumps(toy_task.recipe(steps=6)))
     assert main(["train", str(tmp_path / "toy.yaml"), "--set", "train.steps=4", "--out", str(tmp_path / "run")]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["steps"] == 4 and (tmp_path / "run" / "checkpoint.pt").exists()
+    assert out["steps"] == 4 and (tmp_path / "run" / "checkpoint").exists()

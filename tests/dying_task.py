@@ -17,9 +17,9 @@ from xlstm_zoo.registry import component, registry
 
 class DyingConfig(ToyCopyConfig):
     type: Literal["toy_copy_dying"] = "toy_copy_dying"
-    die_at_batch: int = Field(50, ge=1)
-    die_times: int = Field(1, ge=0)
-    marker_dir: str = ""
+    die_at_batch: int = Field(50, ge=1, description="SIGKILL the process that draws this training batch")
+    die_times: int = Field(1, ge=0, description="kills allowed over all processes (one marker file each)")
+    marker_dir: str = Field("", description="folder holding the kill-* marker files")
 
 
 @component("task", "toy_copy_dying", config=DyingConfig, description="test task: toy_copy whose process gets killed")
