@@ -85,28 +85,27 @@ def _provenance(p: Plan, path, model) -> dict:
             "dtype": str(model.embedding.weight.dtype).removeprefix("torch."), "xlstm_zoo": __version__}
 
 
-def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", dtype: torch.dtype | None = None,
-                    max_shard_size: int = 5 * 10**9, recipe=None) -> list[str]:
-    """Write ``model`` to ``directory``: ``layout="zoo"`` (``recipe.yaml`` + ``model.safetensors``)
-    or ``"hf"`` (``config.json`` + ``model.safetensors``, loadable by ``transformers``), sharded
-    past ``max_shard_size`` bytes. Returns the file names written."""
+def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", max_shard_size: int = 5 * 10**9,
+                    recipe=None) -> list[str]:
+    """Write ``model`` (in the dtype it has) to ``directory``: ``layout="zoo"`` (``recipe.yaml`` +
+    ``model.safetensors``) or ``"hf"`` (``config.json`` + ``model.safetensors``, sharded past
+    ``max_shard_size`` bytes, loadable by ``transformers``). Returns the file names written."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     recipe = recipe or getattr(model, "recipe", None)
     if layout == "zoo":
         if recipe is None:
             from xlstm_zoo.recipe import Recipe
             recipe = Recipe(model=model.config)
-        files = zoo_layout.write(directory, recipe, model, dtype=dtype, max_shard_bytes=max_shard_size)
+        files = zoo_layout.write(directory, recipe, model)
     elif layout == "hf":
         config, state = large.hf_export(model)
-        if dtype is not None:
-            state = {k: v.to(dtype) for k, v in state.items()}
-            config["torch_dtype"] = str(dtype).removeprefix("torch.")
-        generation = getattr(model, "provenance", {}).get("generation") or {}
+        directory.mkdir(parents=True, exist_ok=True)
+        provenance = getattr(model, "provenance", None) or {}
+        generation = provenance.get("generation") or {}
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if key in generation or key in getattr(model, "provenance", {}).get("source_config", {}):
-                config[key] = generation.get(key, model.provenance["source_config"].get(key))
+            value = generation.get(key, provenance.get("source_config", {}).get(key))
+            if value is not None:
+                config[key] = value
         files = write_sharded(directory, state, max_shard_bytes=max_shard_size, metadata={"format": "pt"})
         _write_json(directory / "config.json", config)
         files.append("config.json")

@@ -218,7 +218,7 @@ def hf_export(model) -> tuple[dict, dict[str, torch.Tensor]]:
         "ffn_round_up_to_multiple_of": multiple, "add_out_norm": True, "weight_mode": "single",
         "tie_word_embeddings": bool(c.tie_weights), "chunk_size": int(cell.chunk_size), "mode": "inference",
         "return_last_states": True, "inference_state_dtype": "float32", "autocast_kernel_dtype": "bfloat16",
-        **CPU_KERNELS, "torch_dtype": str(model.embedding.weight.dtype).removeprefix("torch."),
+        **CPU_KERNELS, "dtype": str(model.embedding.weight.dtype).removeprefix("torch."),
     }
     if config["gate_soft_cap"] is None:
         raise ConfigError("cannot write the HF layout: the gates need a softcap (HF requires a number)",

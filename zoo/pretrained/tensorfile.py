@@ -1,29 +1,26 @@
-"""safetensors files, read and written without the ``safetensors`` package.
+"""Tensor sources (shapes and dtypes known before any data is read) and sharded safetensors.
 
-The format: an 8-byte little-endian header length, a JSON header ``{name: {"dtype", "shape",
-"data_offsets": [begin, end]}, "__metadata__": {str: str}}``, then the raw little-endian bytes.
-Reading parses the header only; each tensor's bytes are read when it is asked for, so a loader
-holds one source tensor at a time. Sharded checkpoints list their files in
+A :class:`SafetensorsSource` reads each tensor only when asked (``safetensors.safe_open``), so a
+loader holds one source tensor at a time. Sharded checkpoints list their files in
 ``model.safetensors.index.json`` (``weight_map``: tensor name -> file).
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
+import safetensors
+import safetensors.torch
 import torch
 
-from xlstm_zoo.checkpoint import atomic_write
+from xlstm_zoo.checkpoint import _atomic_file, atomic_write
 from xlstm_zoo.errors import ConfigError
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
           "BOOL": torch.bool}
-NAMES = {dtype: name for name, dtype in DTYPES.items()}
 INDEX = "model.safetensors.index.json"
-HEADER_LIMIT = 100 * 2**20  # a longer header is not a safetensors file
 
 
 class TensorSource:
@@ -72,16 +69,17 @@ class SafetensorsSource(TensorSource):
 
     def __init__(self, files: list[Path]):
         self.files = [Path(f) for f in files]
-        self.entries: dict[str, tuple[Path, int, dict]] = {}
+        self.entries: dict[str, tuple[Path, list[int], str]] = {}
         self.metadata: dict[str, str] = {}
         for file in self.files:
-            header, start = read_header(file)
-            self.metadata.update(header.pop("__metadata__", None) or {})
-            for name, entry in header.items():
-                if name in self.entries:
-                    raise ConfigError(f"tensor {name!r} is in two files ({self.entries[name][0].name} and {file.name})",
-                                      file=str(file))
-                self.entries[name] = (file, start, entry)
+            with _open(file) as f:
+                self.metadata.update(f.metadata() or {})
+                for name in f.keys():
+                    if name in self.entries:
+                        raise ConfigError(f"tensor {name!r} is in two files ({self.entries[name][0].name} and "
+                                          f"{file.name})", file=str(file))
+                    part = f.get_slice(name)
+                    self.entries[name] = (file, list(part.get_shape()), part.get_dtype())
 
     @classmethod
     def from_dir(cls, directory: Path, stem: str = "model") -> "SafetensorsSource | None":
@@ -99,71 +97,41 @@ class SafetensorsSource(TensorSource):
             return cls(files)
         if (directory / f"{stem}.safetensors").is_file():
             return cls([directory / f"{stem}.safetensors"])
-        numbered = sorted(directory.glob(f"{stem}_*.safetensors"), key=lambda p: int(p.stem.rsplit("_", 1)[1])
-                          if p.stem.rsplit("_", 1)[1].isdigit() else -1)
-        return cls(numbered) if numbered else None
+        numbered = [p for p in directory.glob(f"{stem}_*.safetensors") if p.stem.rsplit("_", 1)[1].isdigit()]
+        return cls(sorted(numbered, key=lambda p: int(p.stem.rsplit("_", 1)[1]))) if numbered else None
 
     def keys(self):
         return list(self.entries)
 
     def shape(self, key):
-        return tuple(self.entries[key][2]["shape"])
+        return tuple(self.entries[key][1])
 
     def dtype(self, key):
-        return _dtype(self.entries[key][2]["dtype"], key, self.entries[key][0])
+        file, _, name = self.entries[key]
+        if name not in DTYPES:
+            raise ConfigError(f"tensor {key!r} has dtype {name!r}; readable: {', '.join(DTYPES)}", file=str(file))
+        return DTYPES[name]
 
     def load(self, key):
-        file, start, entry = self.entries[key]
-        begin, end = entry["data_offsets"]
-        with open(file, "rb") as f:
-            f.seek(start + begin)
-            data = bytearray(f.read(end - begin))
-        if len(data) != end - begin:
-            raise ConfigError(f"tensor {key!r} is cut short (the file is truncated)", file=str(file))
-        dtype = self.dtype(key)
-        if not data:
-            return torch.empty(self.shape(key), dtype=dtype)
-        return torch.frombuffer(data, dtype=dtype).reshape(self.shape(key))
+        file = self.entries[key][0]
+        with _open(file) as f:
+            try:
+                return f.get_tensor(key)
+            except Exception as err:  # safetensors' own errors: a torn file
+                raise ConfigError(f"cannot read tensor {key!r} ({type(err).__name__}: {err})", file=str(file)) from None
 
 
-def read_header(file: Path) -> tuple[dict, int]:
-    """``(header, byte offset of the data)`` of a safetensors file."""
+def _open(file: Path):
     try:
-        with open(file, "rb") as f:
-            raw = f.read(8)
-            (length,) = struct.unpack("<Q", raw) if len(raw) == 8 else (None,)
-            if length is None or length > HEADER_LIMIT:
-                raise ValueError("no valid header length")
-            header = json.loads(f.read(length))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"not a safetensors file ({err})", file=str(file)) from None
-    if not isinstance(header, dict):
-        raise ConfigError("not a safetensors file (the header is not a mapping)", file=str(file))
-    return header, 8 + length
+        return safetensors.safe_open(str(file), framework="pt")
+    except Exception as err:  # safetensors raises its own error types for foreign or torn files
+        raise ConfigError(f"not a readable safetensors file ({type(err).__name__}: {err})", file=str(file)) from None
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Write ``tensors`` (contiguous CPU copies, little-endian) atomically to ``path``."""
-    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
-    blobs, offset = [], 0
-    for name, tensor in tensors.items():
-        if tensor.dtype not in NAMES:
-            raise ConfigError(f"tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot hold here "
-                              f"(allowed: {', '.join(str(d) for d in NAMES)})")
-        blob = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": NAMES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-
-    def write(f):
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
-
-    atomic_write(path, write)
+    """Write ``tensors`` (each its own contiguous CPU copy) atomically to ``path``."""
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    _atomic_file(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata))
 
 
 def write_sharded(directory: Path, tensors: dict[str, torch.Tensor], *, max_shard_bytes: int,
@@ -189,12 +157,6 @@ def write_sharded(directory: Path, tensors: dict[str, torch.Tensor], *, max_shar
              "weight_map": {key: name for name, shard in zip(names, shards) for key in shard}}
     atomic_write(directory / f"{stem}.safetensors.index.json", lambda f: f.write(json.dumps(index, indent=2).encode()))
     return [*names, f"{stem}.safetensors.index.json"]
-
-
-def _dtype(name: str, key: str, file: Path) -> torch.dtype:
-    if name not in DTYPES:
-        raise ConfigError(f"tensor {key!r} has dtype {name!r}; readable: {', '.join(DTYPES)}", file=str(file))
-    return DTYPES[name]
 
 
 def _numel(shape) -> int:

@@ -1,32 +1,27 @@
-"""The xlstm-zoo layout: ``recipe.yaml`` (the model's recipe) + ``model.safetensors`` (its
-state dict under our own names; a tied head is stored once, as ``embedding.weight``)."""
+"""The xlstm-zoo layout: a model directory (``recipe.yaml`` + ``model.safetensors``, written by
+:func:`xlstm_zoo.checkpoint.write_model_dir`). Reading goes through the same meta-device,
+tensor-by-tensor path as the official layouts, so a 7B loads in bf16 without an fp32 copy."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-import yaml
 
-from xlstm_zoo.checkpoint import atomic_write
+from xlstm_zoo.checkpoint import RECIPE, write_model_dir
 from xlstm_zoo.pretrained.mapping import Rule, targets
-from xlstm_zoo.pretrained.tensorfile import write_sharded
 from xlstm_zoo.recipe import read_yaml
 
 
-def write(directory: Path, recipe, model: torch.nn.Module, *, dtype: torch.dtype | None = None,
-          max_shard_bytes: int) -> list[str]:
-    state = {name: t.detach().to(dtype or t.dtype) for name, t in model.state_dict(keep_vars=True).items()
-             if name in targets(model)}
-    text = yaml.safe_dump(recipe.model_dump(), sort_keys=False)
-    atomic_write(directory / "recipe.yaml", lambda f: f.write(text.encode()))
-    return ["recipe.yaml", *write_sharded(directory, state, max_shard_bytes=max_shard_bytes,
-                                          metadata={"format": "pt", "writer": "xlstm-zoo"})]
+def write(directory: Path, recipe, model: torch.nn.Module) -> list[str]:
+    write_model_dir(directory, recipe, model)
+    return [RECIPE, "model.safetensors"]
 
 
 def recipe_data(directory: Path) -> dict:
-    return read_yaml(directory / "recipe.yaml")
+    return read_yaml(directory / RECIPE)
 
 
 def rules(model: torch.nn.Module) -> list[Rule]:
+    """Our own names: every tensor as it is (a tied head is stored once, as ``embedding.weight``)."""
     return [Rule(name, (name,)) for name in targets(model)]

@@ -9,6 +9,7 @@ import torch
 
 from official_models import hf_model_from, hub_like_config, official_large, write_large_dir
 from xlstm_zoo import build, load_recipe
+from xlstm_zoo.checkpoint import read_model_dir
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.pretrained import from_pretrained, plan, save_pretrained
 from xlstm_zoo.pretrained import load as loading
@@ -110,6 +111,8 @@ def test_zoo_layout_round_trip_and_bfloat16(converted, tokens, tmp_path):
     save_pretrained(converted, tmp_path)
     again = from_pretrained(tmp_path)
     assert torch.equal(_logits(again, tokens), _logits(converted, tokens))
+    _, read = read_model_dir(tmp_path)  # the training checkpoints' reader sees the same model directory
+    assert torch.equal(_logits(read, tokens), _logits(converted, tokens))
     half = from_pretrained(tmp_path, dtype=torch.bfloat16)
     # cast per tensor on load: exactly the fp32 weights rounded to bf16 (logits of these large random
     # weights are too sensitive for a bf16 logit comparison to mean anything)

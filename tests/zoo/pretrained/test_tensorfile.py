@@ -1,5 +1,5 @@
-"""Our safetensors reader and writer against the safetensors package: dtypes, shapes, metadata,
-sharded indexes; broken files give one clear error."""
+"""Tensor sources over safetensors files: dtypes, shapes and metadata before any data is read,
+sharded indexes, xlstm_large's numbered files; broken files give one clear error."""
 
 import json
 
@@ -15,6 +15,7 @@ TENSORS = {
     "f32": torch.randn(3, 5), "bf16": torch.randn(7).to(torch.bfloat16), "f16": torch.randn(2, 2, 3).half(),
     "i64": torch.arange(5), "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 4),
 }
+# (the files themselves are the safetensors package's: these tests cover what we add around it)
 
 
 def test_we_read_what_safetensors_writes(tmp_path):
@@ -46,10 +47,18 @@ def test_sharded_index_round_trip(tmp_path):
 
 def test_broken_files_are_refused_clearly(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 20)
-    with pytest.raises(ConfigError, match="not a safetensors file"):
+    with pytest.raises(ConfigError, match="not a readable safetensors file"):
         SafetensorsSource([tmp_path / "junk.safetensors"])
     write_safetensors(tmp_path / "cut.safetensors", {"w": torch.randn(100)})
     data = (tmp_path / "cut.safetensors").read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(data[:-8])
-    with pytest.raises(ConfigError, match="truncated"):
+    with pytest.raises(ConfigError, match="cut.safetensors"):
         SafetensorsSource([tmp_path / "cut.safetensors"]).load("w")
+
+
+def test_numbered_files_in_order(tmp_path):
+    for i in (10, 2, 0, 1):  # model_10 sorts after model_2
+        write_safetensors(tmp_path / f"model_{i}.safetensors", {f"w{i}": torch.full((2,), float(i))})
+    source = SafetensorsSource.from_dir(tmp_path)
+    assert [f.name for f in source.files] == [f"model_{i}.safetensors" for i in (0, 1, 2, 10)]
+    assert torch.equal(source.load("w10"), torch.full((2,), 10.0))
