@@ -185,3 +185,29 @@ def test_memory_refusal_names_the_fix(large_dir, monkeypatch):
     with pytest.raises(ConfigError, match=r"not enough memory.*bfloat16"):
         from_pretrained(large_dir, dtype=torch.float32)
     assert from_pretrained(large_dir, dtype=torch.bfloat16).embedding.weight.dtype == torch.bfloat16
+
+
+FALLBACK = """
+import sys, torch, transformers.utils, transformers.utils.import_utils
+transformers.utils.is_xlstm_available = transformers.utils.import_utils.is_xlstm_available = lambda: False
+from transformers import xLSTMForCausalLM
+from transformers.models.xlstm import modeling_xlstm
+assert not modeling_xlstm.external_xlstm, "the fallback path was not forced"
+model = xLSTMForCausalLM.from_pretrained(sys.argv[1]).eval()
+with torch.no_grad():
+    torch.save(model(torch.load(sys.argv[2])).logits, sys.argv[3])
+"""
+
+
+def test_hf_own_fallback_implementation(official, tokens, tmp_path):
+    """HF's in-library mLSTM (used when xlstm is not installed), chosen at import: a subprocess."""
+    import subprocess
+    import sys
+    hf_model_from(official).save_pretrained(tmp_path / "hf")
+    torch.save(tokens, tmp_path / "tokens.pt")
+    proc = subprocess.run([sys.executable, "-c", FALLBACK, str(tmp_path / "hf"), str(tmp_path / "tokens.pt"),
+                           str(tmp_path / "logits.pt")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = torch.load(tmp_path / "logits.pt")
+    assert_close(_logits(from_pretrained(tmp_path / "hf"), tokens), expected, kind="module",
+                 what="logits vs HF's own fallback implementation")
