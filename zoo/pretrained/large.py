@@ -195,8 +195,8 @@ def hf_export(model) -> tuple[dict, dict[str, torch.Tensor]]:
         "cell.forget_gate": (cell.forget_gate.type == "sigmoid" and cell.forget_gate.softcap == cell.input_gate.softcap
                              and cell.forget_gate.input_dependent and cell.forget_gate.proj == "linear",
                              "sigmoid with the input gate's softcap"),
-        "bias": (block.bias == cell.bias == block.mlp.bias == False, "false everywhere (HF's use_bias: true "  # noqa: E712
-                 "is not supported by HF's own blocks)"),
+        "bias": (not (block.bias or cell.bias or block.mlp.bias), "false everywhere (HF's own blocks have no "
+                 "use_bias: true)"),
         "model.stack.post_norm": (c.stack.post_norm.type == "rmsnorm" and c.stack.post_norm.eps == block.norm.eps,
                                   "rmsnorm with the block norm's eps"),
     }

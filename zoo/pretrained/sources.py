@@ -83,9 +83,8 @@ def _open_dir(path: Path, layout: str, config) -> Opened:
         if cfg.get("model_type") != "xlstm":
             raise ConfigError(f"model_type is {cfg.get('model_type')!r}; only Hugging Face xLSTM (model_type: xlstm) "
                               "checkpoints convert", file=str(path / "config.json"))
-        for name in ("generation_config.json",):
-            if (path / name).is_file():
-                cfg["_generation"] = _read_config(path / name, json.loads)
+        if (path / "generation_config.json").is_file():
+            cfg["_generation"] = _read_config(path / "generation_config.json", json.loads)
     elif layout == "xlstm_large":
         cfg = _read_config(path / "config.yaml", yaml.safe_load)
     else:

@@ -211,3 +211,22 @@ def test_hf_own_fallback_implementation(official, tokens, tmp_path):
     expected = torch.load(tmp_path / "logits.pt")
     assert_close(_logits(from_pretrained(tmp_path / "hf"), tokens), expected, kind="module",
                  what="logits vs HF's own fallback implementation")
+
+
+def test_use_bias_checkpoint_uses_the_bias_switches(tokens, tmp_path):
+    official = official_large(use_bias=True)
+    model = from_pretrained(write_large_dir(tmp_path, official))
+    block = model.recipe.model.stack.blocks["m"]
+    assert block.bias and block.cell.bias and block.mlp.bias and block.norm.bias and block.cell.norm.bias
+    assert_close(_logits(model, tokens), _logits(official, tokens), kind="module", what="logits, use_bias: true")
+
+
+@pytest.mark.parametrize("recipe, overrides, field", [
+    ("xlstm_1_1", [], "mlstm_7b"),
+    ("xlstm_7b_small", ["model.stack.blocks.m.cell.norm.type=multihead_rmsnorm"], "cell.norm"),
+    ("xlstm_7b_small", ["model.logit_softcap=null"], "logit_softcap"),
+])
+def test_hf_export_refuses_what_hf_cannot_express(recipe, overrides, field, tmp_path):
+    with pytest.raises(ConfigError, match=field):
+        save_pretrained(build(load_recipe(recipe, overrides)), tmp_path, layout="hf")
+    assert not any(tmp_path.iterdir()), "nothing written"
