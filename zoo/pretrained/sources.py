@@ -56,6 +56,7 @@ class Renamed(TensorSource):
 
 def open_checkpoint(path: str | Path, *, layout: str = "auto", config: str | Path | dict | None = None) -> Opened:
     path = Path(path)
+    layout = layout.replace("-", "_")  # --from xlstm-large
     if layout not in ("auto", *LAYOUTS):
         raise ConfigError(f"unknown layout {layout!r} (allowed: auto, {', '.join(LAYOUTS)})")
     if not path.exists():
@@ -74,6 +75,10 @@ def _open_dir(path: Path, layout: str, config) -> Opened:
         raise ConfigError("not a checkpoint directory: expected config.json (Hugging Face), config.yaml (xlstm_large) "
                           "or recipe.yaml (xlstm-zoo) beside model*.safetensors; a NeurIPS state dict is a file",
                           file=str(path))
+    wanted = {"hf": "config.json", "xlstm_large": "config.yaml", "zoo": "recipe.yaml"}[layout]
+    if not (path / wanted).is_file():
+        raise ConfigError(f"no {wanted}: not a {layout} directory" + (f" (it looks like {found}; try --from {found} "
+                          "or auto)" if found else ""), file=str(path))
     source = SafetensorsSource.from_dir(path)
     if source is None:
         raise ConfigError("no model.safetensors, model.safetensors.index.json or model_0.safetensors here",
