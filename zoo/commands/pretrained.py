@@ -24,6 +24,7 @@ from rich.markup import escape
 from xlstm_zoo.commands.output import console, show, table
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.pretrained import PROVENANCE, from_pretrained, plan, save_pretrained
+from xlstm_zoo.pretrained.check import max_logit_difference, require
 from xlstm_zoo.registry import Command
 
 DTYPES = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,13 +67,11 @@ def run_convert(args) -> int:
     if not args.out:
         raise ConfigError("--out DIR is required (or --dry-run)")
     if args.check:
-        from xlstm_zoo.pretrained.check import require
         require(p.opened)
     model = from_pretrained(args.source, dtype=dtype, layout=args.layout, config=args.config)
     files = save_pretrained(model, args.out, layout=args.to)
     console.print(f"wrote {escape(str(args.out))}: {', '.join(files)}", highlight=False, soft_wrap=True)
     if args.check:
-        from xlstm_zoo.pretrained.check import max_logit_difference
         diff = max_logit_difference(model, p.opened, tokens=args.tokens)
         console.print(f"check: max |logit difference| vs the official implementation = {diff:.3g} "
                       f"(computed in fp32 from {args.dtype if dtype else 'the checkpoint'} weights, 2 x {args.tokens} "
@@ -103,7 +102,7 @@ def _generate_arguments(c) -> None:
 
 
 def run_generate(args) -> int:
-    try:
+    try:  # optional: the 'hf' extra
         from tokenizers import Tokenizer
     except ImportError:
         raise ConfigError("generate needs the tokenizers package: pip install 'xlstm-zoo[hf]'") from None

@@ -25,6 +25,7 @@ from xlstm_zoo.pretrained.load import build_meta, load_into
 from xlstm_zoo.pretrained.mapping import MappingError, Rule
 from xlstm_zoo.pretrained.sources import LAYOUTS, Opened, open_checkpoint
 from xlstm_zoo.pretrained.tensorfile import write_sharded
+from xlstm_zoo.recipe import Recipe
 from xlstm_zoo.version import __version__
 
 __all__ = ["LAYOUTS", "MappingError", "PROVENANCE", "Plan", "Rule", "from_pretrained", "plan", "save_pretrained"]
@@ -94,7 +95,6 @@ def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", max_sha
     recipe = recipe or getattr(model, "recipe", None)
     if layout == "zoo":
         if recipe is None:
-            from xlstm_zoo.recipe import Recipe
             recipe = Recipe(model=model.config)
         files = zoo_layout.write(directory, recipe, model)
     elif layout == "hf":

@@ -34,7 +34,7 @@ def require(opened: Opened) -> None:
 
 def official_model(opened: Opened, tokens: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The official model with the checkpoint's weights rounded to ``dtype`` (as ours were), in fp32."""
-    try:
+    try:  # optional: the official package is a test extra, never a dependency
         if opened.layout in ("hf", "xlstm_large"):
             from xlstm.xlstm_large.model import xLSTMLarge, xLSTMLargeConfig
         else:
@@ -71,7 +71,7 @@ def official_model(opened: Opened, tokens: int, dtype: torch.dtype = torch.float
 
 def _cuda_to_vanilla(model, state: dict) -> None:
     """A checkpoint trained with the CUDA sLSTM kernel stores its cell in another layout."""
-    from xlstm.blocks.slstm.cell import sLSTMCell_cuda
+    from xlstm.blocks.slstm.cell import sLSTMCell_cuda  # optional package, only for --check
     for name, module in model.named_modules():
         key = f"{name}._recurrent_kernel_"
         if key in state and state[key].shape != module._recurrent_kernel_.shape:
