@@ -173,9 +173,8 @@ def hf_export(model) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(config.json dict, HF state dict)`` for a ``causal_lm`` with official ``mlstm_7b`` blocks;
     refused, naming the field, for anything HF's xLSTM cannot express."""
     c = model.config
-    letters = set(c.stack.layout())
-    blocks = [c.stack.blocks[letter] for letter in letters]
-    if c.stack.type != "xlstm" or len(blocks) != 1 or blocks[0].type != "mlstm_7b":
+    blocks = [c.stack.blocks[letter] for letter in set(c.stack.layout())] if c.stack.type == "xlstm" else []
+    if len(blocks) != 1 or blocks[0].type != "mlstm_7b":
         raise ConfigError("the HF layout holds only stacks of mlstm_7b blocks (one template)", path="model.stack")
     block = blocks[0]
     cell = block.cell
