@@ -42,7 +42,7 @@ STATE = "state.json"
 
 def atomic_write(path: str | Path, write) -> None:
     """Call ``write(file_object)`` on a temporary file beside ``path``, then rename it into place."""
-    _atomic_file(path, lambda tmp: _write_with(tmp, write))
+    atomic_file(path, lambda tmp: _write_with(tmp, write))
 
 
 def _write_with(tmp: Path, write) -> None:
@@ -50,7 +50,7 @@ def _write_with(tmp: Path, write) -> None:
         write(f)
 
 
-def _atomic_file(path: str | Path, write_to) -> None:
+def atomic_file(path: str | Path, write_to) -> None:
     """Call ``write_to(temporary path)`` beside ``path``, make it durable, rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,7 @@ def write_model_dir(directory: str | Path, recipe, model: torch.nn.Module) -> No
     text = yaml.safe_dump(load_recipe(recipe).model_dump(), sort_keys=False)
     metadata = {"format": "pt", "producer": "xlstm-zoo", "xlstm_zoo_format": str(FORMAT)}
     # save_model stores a tied weight once (safetensors refuses shared storage); load_model restores it
-    _atomic_file(directory / WEIGHTS, lambda tmp: safetensors.torch.save_model(model, str(tmp), metadata))
+    atomic_file(directory / WEIGHTS, lambda tmp: safetensors.torch.save_model(model, str(tmp), metadata))
     atomic_write(directory / RECIPE, lambda f: f.write(text.encode()))
 
 
@@ -144,7 +144,7 @@ def save_checkpoint(path: str | Path, recipe, model: torch.nn.Module, *, optimiz
     try:
         write_model_dir(tmp, recipe, model)
         if optimizer is not None:
-            _atomic_file(tmp / OPTIMIZER, lambda t: torch.save(optimizer, t))
+            atomic_file(tmp / OPTIMIZER, lambda t: torch.save(optimizer, t))
         atomic_write(tmp / STATE, lambda f: f.write(state_text.encode()))
         _fsync_dir(tmp)
     except BaseException:

@@ -22,8 +22,6 @@ from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
 
 # Sections that describe the grid itself, not what a cell trains.
 GRID_ONLY = ("name", "description", "grid", "report", "profiles", "launch")
-# (section, field, default) of result-relevant fields added after the first grids were run.
-ADDED_LATER = (("train", "micro_batches", 1),)
 
 
 @dataclass
@@ -85,9 +83,6 @@ def recipe_digest(recipe) -> str:
     # default, so existing run directories keep their cell ids (and their results); component
     # fields declare it with `AddedField` (see `digest_dump`).
     content = {k: v for k, v in digest_dump(recipe).items() if k not in GRID_ONLY}
-    for section, field, default in ADDED_LATER:
-        if content.get(section, {}).get(field) == default:
-            del content[section][field]
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 

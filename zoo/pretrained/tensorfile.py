@@ -14,7 +14,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from xlstm_zoo.checkpoint import _atomic_file, atomic_write
+from xlstm_zoo.checkpoint import atomic_file, atomic_write
 from xlstm_zoo.errors import ConfigError
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -131,7 +131,7 @@ def _open(file: Path):
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     """Write ``tensors`` (each its own contiguous CPU copy) atomically to ``path``."""
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    _atomic_file(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata))
+    atomic_file(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata))
 
 
 def write_sharded(directory: Path, tensors: dict[str, torch.Tensor], *, max_shard_bytes: int,

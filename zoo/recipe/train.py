@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.config import AddedField, ZooConfig
 from xlstm_zoo.initialization import Role
 
 
@@ -14,7 +14,7 @@ class TrainConfig(ZooConfig):
     steps: int = Field(1000, ge=1, description="optimiser steps")
     batch_size: int = Field(32, ge=1, description="the global batch: split over micro_batches and data-parallel "
                                                     "processes, the same training whatever their number")
-    micro_batches: int = Field(1, ge=1, description="gradient accumulation: the batch is processed in this many "
+    micro_batches: int = AddedField(1, ge=1, description="gradient accumulation: the batch is processed in this many "
                                                     "sequential parts (per process) before each optimiser step")
     lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
     weight_decay: float = Field(0.1, ge=0, description="applied to weight matrices only, not to biases, norms or gates")
