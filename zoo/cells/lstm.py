@@ -52,7 +52,27 @@ class LSTMCell(Cell):
         z, o = self.zo_proj(x if value_input is None else value_input).chunk(2, dim=-1)
         return assemble_wx(i, f, z, o, self.num_heads)
 
+    def _aten_eligible(self, x, value_input) -> bool:
+        """One head, x feeding all four gates, fp32/fp64, no forced backend: torch's fused LSTM computes
+        exactly this cell (gate order i, f, z=g, o; one bias), several times faster than a loop over time."""
+        return (self.config.backend is None and self.num_heads == 1 and value_input is None and x.dim() == 3
+                and x.dtype in (torch.float32, torch.float64) and x.dtype == self.R.dtype)
+
+    def _aten_sequence(self, x, state):
+        # Weights joined at compute time (stored parameters and state_dict keys stay as they are).
+        w_ih = torch.cat([self.if_proj.weight, self.zo_proj.weight])
+        b_ih = torch.cat([self.if_proj.bias, self.zo_proj.bias])
+        w_hh = self.R[0].t()
+        if state is None:
+            state = self.init_state(x.shape[0], x.device)
+        c0, h0 = (s.to(x.dtype).transpose(0, 1) for s in state)  # [B, 1, Dh] -> [1, B, Dh]
+        h, h_n, c_n = torch.lstm(x, (h0.contiguous(), c0.contiguous()), [w_ih, w_hh, b_ih, torch.zeros_like(b_ih)],
+                                 True, 1, 0.0, False, False, True)
+        return h, ops.LSTMState(c_n.transpose(0, 1), h_n.transpose(0, 1))
+
     def forward(self, x, state=None, *, value_input=None):
+        if self._aten_eligible(x, value_input):
+            return self._aten_sequence(x, state)
         h, state = ops.lstm_sequence(self._wx(x, value_input), self.R, state, backend=self.config.backend)
         return merge_heads(h), state
 

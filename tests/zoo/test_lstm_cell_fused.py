@@ -1,0 +1,49 @@
+"""The one-head LSTM cell runs torch's fused LSTM (weights joined at compute time): same outputs,
+state and gradients as the reference backend loop, and the same state_dict keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
+from xlstm_zoo.config import BuildContext
+from xlstm_zoo.tolerances import assert_close
+
+
+def _pair(dim=16, **config):
+    torch.manual_seed(0)
+    fused = LSTMCell(LSTMCellConfig(**config), BuildContext(dim=dim)).double()
+    ref = LSTMCell(LSTMCellConfig(backend="reference", **config), BuildContext(dim=dim)).double()
+    ref.load_state_dict(fused.state_dict())
+    return fused, ref
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_fused_lstm_matches_the_reference_loop(with_state):
+    fused, ref = _pair()
+    assert fused._aten_eligible(torch.zeros(1, 1, 16, dtype=torch.double), None)
+    assert sorted(fused.state_dict()) == ["R", "if_proj.bias", "if_proj.weight", "zo_proj.bias", "zo_proj.weight"]
+    x = torch.randn(3, 20, 16, dtype=torch.double, requires_grad=True)
+    state = None
+    if with_state:
+        state = type(fused.init_state(3))(*(torch.randn(3, 1, 16, dtype=torch.double) for _ in range(2)))
+    (y, s), (y_ref, s_ref) = fused(x, state), ref(x, state)
+    assert_close(y, y_ref, kind="kernel", what="h")
+    for a, b in zip(s, s_ref):
+        assert a.shape == b.shape == (3, 1, 16)
+        assert_close(a, b, kind="kernel", what="state")
+    loss = lambda y, s: y.sin().sum() + (s.c * s.h).sum()  # noqa: E731
+    grads = torch.autograd.grad(loss(y, s), [x, *fused.parameters()])
+    grads_ref = torch.autograd.grad(loss(y_ref, s_ref), [x, *ref.parameters()])
+    for name, a, b in zip(["x", *dict(fused.named_parameters())], grads, grads_ref):
+        assert_close(a, b, kind="kernel", what=f"grad {name}")
+
+
+def test_value_input_heads_and_forced_backends_use_the_op():
+    fused, _ = _pair()
+    x = torch.zeros(1, 2, 16)
+    assert not fused._aten_eligible(x, x)  # z/o read another stream
+    assert not fused._aten_eligible(x.half(), None)
+    heads = LSTMCell(LSTMCellConfig(recurrent="blockdiag", num_heads=4), BuildContext(dim=16))
+    assert not heads._aten_eligible(x, None)
