@@ -40,10 +40,14 @@ def test_fused_lstm_matches_the_reference_loop(with_state):
         assert_close(a, b, kind="kernel", what=f"grad {name}")
 
 
-def test_value_input_heads_and_forced_backends_use_the_op():
+def test_value_input_heads_and_forced_backends_use_the_op(monkeypatch):
     fused, _ = _pair()
-    x = torch.zeros(1, 2, 16)
+    x = torch.zeros(1, 2, 16, dtype=torch.double)
+    monkeypatch.setenv("XLSTM_ZOO_BACKEND", "reference")
+    assert not fused._aten_eligible(x, None)
+    monkeypatch.delenv("XLSTM_ZOO_BACKEND")
+    assert fused._aten_eligible(x, None)
     assert not fused._aten_eligible(x, x)  # z/o read another stream
     assert not fused._aten_eligible(x.half(), None)
     heads = LSTMCell(LSTMCellConfig(recurrent="blockdiag", num_heads=4), BuildContext(dim=16))
-    assert not heads._aten_eligible(x, None)
+    assert not heads._aten_eligible(x.float(), None)

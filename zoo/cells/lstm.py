@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
 
 from xlstm_zoo import backends as ops
+from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
 from xlstm_zoo.cells.slstm import assemble_wx
 from xlstm_zoo.config import BuildContext, ZooConfig
@@ -53,9 +55,10 @@ class LSTMCell(Cell):
         return assemble_wx(i, f, z, o, self.num_heads)
 
     def _aten_eligible(self, x, value_input) -> bool:
-        """One head, x feeding all four gates, fp32/fp64, no forced backend: torch's fused LSTM computes
-        exactly this cell (gate order i, f, z=g, o; one bias), several times faster than a loop over time."""
-        return (self.config.backend is None and self.num_heads == 1 and value_input is None and x.dim() == 3
+        """One head, x feeding all four gates, fp32/fp64, no forced backend (config or XLSTM_ZOO_BACKEND):
+        torch's fused LSTM computes exactly this cell (gate order i, f, z=g, o; one bias), several times
+        faster than a loop over time (oneDNN on CPU)."""
+        return (self.config.backend is None and not os.environ.get(ENV_FORCE) and self.num_heads == 1 and value_input is None and x.dim() == 3
                 and x.dtype in (torch.float32, torch.float64) and x.dtype == self.R.dtype)
 
     def _aten_sequence(self, x, state):
