@@ -16,6 +16,11 @@ from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.registry import component
 
 
+# Above this width a block-diagonal recurrence stays on the op: torch's LSTM has only a full recurrent
+# matrix, so the zeros between heads cost heads-times the recurrent matmul work.
+ATEN_MAX_BLOCKDIAG_DIM = 256
+
+
 class LSTMCellConfig(ZooConfig):
     type: Literal["lstm"] = "lstm"
     recurrent: Literal["full", "blockdiag"] = Field("full", description="full recurrent matrix, or one block per head")
@@ -55,27 +60,42 @@ class LSTMCell(Cell):
         return assemble_wx(i, f, z, o, self.num_heads)
 
     def _aten_eligible(self, x, value_input) -> bool:
-        """One head, x feeding all four gates, fp32/fp64, no forced backend (config or XLSTM_ZOO_BACKEND):
-        torch's fused LSTM computes exactly this cell (gate order i, f, z=g, o; one bias), several times
-        faster than a loop over time (oneDNN on CPU)."""
-        return (self.config.backend is None and not os.environ.get(ENV_FORCE) and self.num_heads == 1 and value_input is None and x.dim() == 3
+        """fp32/fp64, no forced backend (config or XLSTM_ZOO_BACKEND), one head or a small block-diagonal
+        recurrence: torch's fused LSTM (oneDNN on CPU) computes this cell, faster than a loop over time."""
+        return (self.config.backend is None and not os.environ.get(ENV_FORCE) and x.dim() == 3
+                and (self.num_heads == 1 or self.out_dim <= ATEN_MAX_BLOCKDIAG_DIM)
                 and x.dtype in (torch.float32, torch.float64) and x.dtype == self.R.dtype)
 
-    def _aten_sequence(self, x, state):
-        # Weights joined at compute time (stored parameters and state_dict keys stay as they are).
-        w_ih = torch.cat([self.if_proj.weight, self.zo_proj.weight])
-        b_ih = torch.cat([self.if_proj.bias, self.zo_proj.bias])
-        w_hh = self.R[0].t()
+    def _aten_weights(self, value_input):
+        """torch.lstm's (w_ih, w_hh, b_ih), joined at compute time from our parameters (which, and their
+        state_dict keys, stay as they are). Rows: gates i, f, z (torch's g), o, each ``dim`` units."""
+        if value_input is None:  # x feeds all four gates
+            w_ih = torch.cat([self.if_proj.weight, self.zo_proj.weight])
+        else:  # input is [x, value_input]: i/f read the first half, z/o the second
+            w_ih = torch.block_diag(self.if_proj.weight, self.zo_proj.weight)
+        H, Dh = self.num_heads, self.head_dim
+        if H == 1:
+            w_hh = self.R[0].t()
+        else:  # R [H, Dh_in, 4*Dh_out] -> per gate a block-diagonal [dim, dim] (zeros between heads)
+            per_gate = self.R.unflatten(-1, (4, Dh)).permute(2, 0, 3, 1)  # [4, H, Dh_out, Dh_in]
+            w_hh = torch.cat([torch.block_diag(*gate.unbind(0)) for gate in per_gate.unbind(0)])
+        return w_ih, w_hh, torch.cat([self.if_proj.bias, self.zo_proj.bias])
+
+    def _aten_sequence(self, x, state, value_input):
+        w_ih, w_hh, b_ih = self._aten_weights(value_input)
+        B = x.shape[0]
         if state is None:
-            state = self.init_state(x.shape[0], x.device)
-        c0, h0 = (s.to(x.dtype).transpose(0, 1) for s in state)  # [B, 1, Dh] -> [1, B, Dh]
-        h, h_n, c_n = torch.lstm(x, (h0.contiguous(), c0.contiguous()), [w_ih, w_hh, b_ih, torch.zeros_like(b_ih)],
+            state = self.init_state(B, x.device)
+        c0, h0 = (s.to(x.dtype).reshape(1, B, self.out_dim) for s in state)  # [B, H, Dh] -> [1, B, dim]
+        inp = x if value_input is None else torch.cat([x, value_input.to(x.dtype)], dim=-1)
+        h, h_n, c_n = torch.lstm(inp, (h0, c0), [w_ih, w_hh, b_ih, torch.zeros_like(b_ih)],
                                  True, 1, 0.0, False, False, True)
-        return h, ops.LSTMState(c_n.transpose(0, 1), h_n.transpose(0, 1))
+        heads = (B, self.num_heads, self.head_dim)
+        return h, ops.LSTMState(c_n.reshape(heads), h_n.reshape(heads))
 
     def forward(self, x, state=None, *, value_input=None):
         if self._aten_eligible(x, value_input):
-            return self._aten_sequence(x, state)
+            return self._aten_sequence(x, state, value_input)
         h, state = ops.lstm_sequence(self._wx(x, value_input), self.R, state, backend=self.config.backend)
         return merge_heads(h), state
 
