@@ -55,6 +55,8 @@ def test_forced_backends_half_precision_and_wide_blockdiag_use_the_op(monkeypatc
     monkeypatch.delenv("XLSTM_ZOO_BACKEND")
     assert fused._aten_eligible(x, None)
     assert not fused.float()._aten_eligible(x.half(), None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the op keeps fp32 states under autocast
+        assert not fused._aten_eligible(x, None)
     wide = 2 * ATEN_MAX_BLOCKDIAG_DIM
     heads = LSTMCell(LSTMCellConfig(recurrent="blockdiag", num_heads=4), BuildContext(dim=wide))
     assert not heads._aten_eligible(torch.zeros(1, 2, wide), None)

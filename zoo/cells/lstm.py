@@ -63,6 +63,7 @@ class LSTMCell(Cell):
         """fp32/fp64, no forced backend (config or XLSTM_ZOO_BACKEND), one head or a small block-diagonal
         recurrence: torch's fused LSTM (oneDNN on CPU) computes this cell, faster than a loop over time."""
         return (self.config.backend is None and not os.environ.get(ENV_FORCE) and x.dim() == 3
+                and not torch.is_autocast_enabled(x.device.type)  # autocast would run torch.lstm in bf16
                 and (self.num_heads == 1 or self.out_dim <= ATEN_MAX_BLOCKDIAG_DIM)
                 and x.dtype in (torch.float32, torch.float64) and x.dtype == self.R.dtype)
 
