@@ -1,7 +1,8 @@
 """CPU benchmarks of ours vs the official ``xlstm`` / ``mlstm_kernels`` packages, through pytest-benchmark.
 
 The cases of ``xlstm_zoo.bench.cases`` (blocks and stacks forward and forward+backward at B=4,
-T=1024, d=128, 4 heads; the mLSTM chunkwise op; the T sweep against the quadratic parallel form;
+T=1024, d=128, 4 heads; the xLSTM-7B layout against the official xLSTMLarge; our LSTM cell against
+torch.nn.LSTM; the mLSTM chunkwise op; the T sweep against the quadratic parallel form;
 generation-step latency at growing positions): one benchmark per (case, side), then a table of
 baseline / ours ratios (> 1: ours is faster) printed at the end. Unlike ``xlstm-zoo bench`` the two
 sides of a case are timed one after the other, not interleaved, so on a loaded machine prefer the CLI.

@@ -235,3 +235,27 @@ def test_linear_growth_cases_compare_equal_token_counts():
     assert torch.equal(torch.cat(pieces, dim=2), whole)
     (row,) = runner.run_cases([cases["sweep/linear/T=64"]], repeats=1, warmup=0, progress=False)
     assert row.error is None and row.note == "" and row.ratio > 0
+
+
+def test_roofline_counts_flops_and_times_a_gemm_beside_the_case():
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    case = Case("mm", "g", "-", lambda: Prepared(lambda: a @ b), lambda: Prepared(lambda: torch.relu(a)), roofline=32)
+    row = runner.run_case(case, repeats=2, warmup=0)
+    assert row.flops_ours == 2 * 64 ** 3 and row.flops_baseline == 0  # the counter counts matmuls, not relu
+    assert row.gemm_gflops > 0 and len(row.ours_times) == 2
+    assert row.roofline_ours == pytest.approx(row.flops_ours / row.ours_s / 1e9 / row.gemm_gflops)
+    assert row.roofline_baseline is None
+    assert "(" in runner._cells(row)[-2] and runner._cells(row)[-2].startswith(f"{row.roofline_ours:.2f} / -")
+
+
+def test_large_layout_and_lstm_cases_run_at_tiny_scale():
+    cases = {c.name: c for c in bench_cases.make_cases(TINY)}
+    picked = [cases[n] for n in ("7b/fwd/d=32", "7b/fwdbwd/d=32", "7b/step/d=32/B=2", "lstm_cell/fwdbwd")]
+    rows = runner.run_cases(picked, repeats=1, warmup=0, progress=False)
+    for row in rows:
+        assert row.error is None and row.note == "", row
+        assert row.params_ours == row.params_baseline or row.case.startswith("lstm_cell"), row
+    fwd, fwdbwd, step, lstm = rows
+    assert fwd.flops_ours > 0 and fwd.roofline_ours > 0 and fwd.roofline_baseline > 0
+    assert fwdbwd.flops_ours > 2 * fwd.flops_ours  # the backward counted too
+    assert step.gemm_gflops is None and lstm.gemm_gflops is None and lstm.ratio > 0

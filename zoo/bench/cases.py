@@ -58,13 +58,24 @@ class Scale:
     positions: tuple[int, ...] = (10, 1000, 10000)
     official_prefill_max: int = 10000  # the official stack returns no state from forward: it steps to a position
     quadratic_limit_bytes: int = 4 * 2**30
+    large_dims: tuple[int, ...] = (256, 512, 1024)  # the xLSTM-7B layout vs the official xLSTMLarge
+    large_batch: int = 2
+    large_seq_len: int = 1024
+    large_blocks: int = 4
+    large_vocab: int = 1000
+    large_heads: int = 4
+    large_step_batches: tuple[int, ...] = (1, 16)
+    large_prefill: int = 64
+    gemm_size: int = 1024         # the square fp32 GEMM of the roofline column
     seed: int = 0
 
 
 FULL = Scale()
-QUICK = replace(FULL, name="quick", sweep_lengths=(256, 1024, 4096), official_prefill_max=1000)
+QUICK = replace(FULL, name="quick", sweep_lengths=(256, 1024, 4096), official_prefill_max=1000, large_dims=(256,))
 SMOKE = replace(FULL, name="smoke", batch=1, seq_len=32, dim=16, heads=4, op_head_dim=8, chunk_size=8,
-                sweep_lengths=(16, 32, 64), sweep_ref=32, positions=(2, 8), official_prefill_max=8)
+                sweep_lengths=(16, 32, 64), sweep_ref=32, positions=(2, 8), official_prefill_max=8,
+                large_dims=(32,), large_seq_len=32, large_vocab=50, large_blocks=2, large_step_batches=(1, 2),
+                large_prefill=8, gemm_size=64)
 SCALES = {s.name: s for s in (FULL, QUICK, SMOKE)}
 
 
@@ -88,6 +99,7 @@ class Case:
     memory: bool = False        # also measure peak memory (one extra call per side)
     ref: str | None = None      # case whose times this one's are divided by (the "x ref" column)
     sample_factor: int = 1      # cheap cases take this many times more timed calls (a steadier median)
+    roofline: int | None = None # count FLOPs and time a square fp32 GEMM of this size beside the case
     info: dict = field(default_factory=dict)
 
 
@@ -391,9 +403,154 @@ def _generation_cases(scale: Scale) -> list[Case]:
     return cases
 
 
+# --- the xLSTM-7B layout vs the official xLSTMLarge ---------------------------------------------------
+
+OFFICIAL_LARGE_FFN = 2.6667  # xLSTMLargeConfig defaults: ffn_proj_factor, rounded up to a multiple of 64
+OFFICIAL_LARGE_ROUND = 64
+
+
+def large_overrides(scale: Scale, dim: int) -> list[str]:
+    """Our ``xlstm_7b_small`` at the official xLSTMLarge's sizes (same parameter count)."""
+    ffn = OFFICIAL_LARGE_ROUND * math.ceil(OFFICIAL_LARGE_FFN * dim / OFFICIAL_LARGE_ROUND) / dim
+    return [f"dim={dim}", f"vocab_size={scale.large_vocab}", "stack.pattern=" + "m" * scale.large_blocks,
+            f"stack.blocks.m.cell.num_heads={scale.large_heads}", f"stack.blocks.m.mlp.proj_factor={ffn}",
+            f"stack.blocks.m.cell.chunk_size={scale.chunk_size}"]
+
+
+def our_large(scale: Scale, dim: int):
+    torch.manual_seed(scale.seed)
+    return build(load_recipe("xlstm_7b_small", large_overrides(scale, dim)))
+
+
+def official_large(scale: Scale, dim: int, mode: str) -> torch.nn.Module:
+    """The official ``xLSTMLarge`` on its CPU kernels: chunkwise (native autograd) and the native step."""
+    try:  # the official package: an optional baseline (test extra)
+        from xlstm.xlstm_large.model import xLSTMLarge, xLSTMLargeConfig
+    except ImportError as err:
+        raise BaselineUnavailable(f"not installed (xlstm: {err})") from None
+    torch.manual_seed(scale.seed)
+    return xLSTMLarge(xLSTMLargeConfig(
+        embedding_dim=dim, num_heads=scale.large_heads, num_blocks=scale.large_blocks, vocab_size=scale.large_vocab,
+        chunkwise_kernel="chunkwise--native_autograd", sequence_kernel="native_sequence__native", step_kernel="native",
+        mode=mode, return_last_states=True, chunk_size=scale.chunk_size, autocast_kernel_dtype="float32",
+        weight_mode="fused"))  # "fused": one projection for q/k/v/o/gates, the faster of its two modes here
+
+
+def _tokens(scale: Scale, batch: int, length: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(scale.seed + 4)
+    return torch.randint(0, scale.large_vocab, (batch, length), generator=g)
+
+
+def _lm_forward(model, tokens) -> Callable[[], None]:
+    model.eval()
+
+    def fn():
+        with torch.no_grad():
+            _first(model(tokens))
+    return fn
+
+
+def _lm_forward_backward(model, tokens) -> Callable[[], None]:
+    """Sum of the logits, backward to every parameter (gradients reset each call)."""
+    model.train()
+
+    def fn():
+        model.zero_grad(set_to_none=True)
+        _first(model(tokens)).sum().backward()
+    return fn
+
+
+def _large_step(model, scale: Scale, batch: int, ours: bool) -> Callable[[], None]:
+    """One generation step from a state prefilled over ``large_prefill`` tokens (chunkwise on both sides)."""
+    model.eval()
+    tokens = _tokens(scale, batch, scale.large_prefill + 1)
+    with torch.no_grad():
+        _, state = model(tokens[:, :-1])
+    if ours:
+        token = tokens[:, -1]
+
+        def fn():
+            with torch.no_grad():
+                model.step(token, state)
+        return fn
+    token = tokens[:, -1:]
+
+    def fn():  # T=1 in inference mode: the official native step kernel
+        with torch.no_grad():
+            model(token, {k: tuple(v) for k, v in state.items()})
+    return fn
+
+
+def _large_cases(scale: Scale) -> list[Case]:
+    cases = []
+    B, T = scale.large_batch, scale.large_seq_len
+    for dim in scale.large_dims:
+        shapes = f"B={B} T={T} d={dim} heads={scale.large_heads} blocks={scale.large_blocks} vocab={scale.large_vocab} fp32"
+        info = dict(title=f"xLSTM-7B layout d={dim}", recipe="xlstm_7b_small", overrides=large_overrides(scale, dim))
+        for label, wrap, mode in (("fwd", _lm_forward, "inference"), ("fwdbwd", _lm_forward_backward, "train")):
+            def ours(dim=dim, wrap=wrap):
+                model = our_large(scale, dim)
+                return Prepared(wrap(model, _tokens(scale, B, T)), count(model),
+                                note="build(load_recipe('xlstm_7b_small', overrides)) (embedding + stack + head)")
+
+            def baseline(dim=dim, wrap=wrap, mode=mode):
+                model = official_large(scale, dim, mode)
+                return Prepared(wrap(model, _tokens(scale, B, T)), count(model),
+                                note=f"xlstm.xLSTMLarge, chunkwise--native_autograd, weight_mode=fused, mode={mode}")
+
+            group = "7B layout " + ("forward" if label == "fwd" else "forward+backward")
+            cases.append(Case(f"7b/{label}/d={dim}", group, shapes, ours, baseline, info=info,
+                              roofline=scale.gemm_size))
+        for batch in scale.large_step_batches:
+            def ours_step(dim=dim, batch=batch):
+                model = our_large(scale, dim)
+                return Prepared(_large_step(model, scale, batch, True), count(model), note="model.step")
+
+            def base_step(dim=dim, batch=batch):
+                model = official_large(scale, dim, "inference")
+                return Prepared(_large_step(model, scale, batch, False), count(model),
+                                note="xlstm.xLSTMLarge, one token in inference mode (native step kernel)")
+
+            cases.append(Case(f"7b/step/d={dim}/B={batch}", "7B layout generation step", f"B={batch} d={dim} "
+                              f"after {scale.large_prefill} tokens", ours_step, base_step, info=info,
+                              sample_factor=GENERATION_SAMPLE_FACTOR))
+    return cases
+
+
+# --- our LSTM cell vs torch.nn.LSTM (oneDNN) -------------------------------------------------------------
+
+
+def _our_lstm_cell(scale: Scale):
+    from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
+    from xlstm_zoo.config import BuildContext
+
+    torch.manual_seed(scale.seed)
+    return LSTMCell(LSTMCellConfig(), BuildContext(dim=scale.dim))
+
+
+def _lstm_cases(scale: Scale) -> list[Case]:
+    cases = []
+    shapes = f"B={scale.batch} T={scale.seq_len} d=hidden={scale.dim} one layer fp32"
+    for label, wrap in (("fwd", _forward), ("fwdbwd", _forward_backward)):
+        def ours(wrap=wrap):
+            cell = _our_lstm_cell(scale)
+            return Prepared(wrap(cell, _input(scale)), count(cell), note="LSTMCell (recurrent=full), default dispatch")
+
+        def baseline(wrap=wrap):
+            torch.manual_seed(scale.seed)
+            lstm = torch.nn.LSTM(scale.dim, scale.dim, batch_first=True)
+            return Prepared(wrap(lstm, _input(scale)), count(lstm), note="torch.nn.LSTM (oneDNN on CPU)")
+
+        # No roofline column: torch's flop counter sees no matmul inside the fused LSTM kernel (both sides run one).
+        cases.append(Case(f"lstm_cell/{label}", "LSTM cell vs torch.nn.LSTM", shapes, ours, baseline,
+                          baseline_name="torch.nn.LSTM"))
+    return cases
+
+
 def make_cases(scale: Scale = FULL) -> list[Case]:
     """Every case at this scale, in table order."""
-    return _architecture_cases(scale) + _op_cases(scale) + _sweep_cases(scale) + _generation_cases(scale)
+    return (_architecture_cases(scale) + _large_cases(scale) + _lstm_cases(scale) + _op_cases(scale)
+            + _sweep_cases(scale) + _generation_cases(scale))
 
 
 def case_names(scale: Scale = FULL) -> list[str]:

@@ -9,6 +9,12 @@ Peak memory (cases with ``memory=True``) is the Linux resident-set high-water ma
 call: write ``5`` to ``/proc/self/clear_refs`` (resets ``VmHWM``), read ``VmRSS`` before and
 ``VmHWM`` after from ``/proc/self/status``; peak = VmHWM - VmRSS before. Elsewhere it is ``None``
 ("n/a" in the table).
+
+The roofline column (cases with ``roofline`` set): each side's FLOPs are counted once with
+``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, attention: what it counts), and a
+plain fp32 square GEMM of ``roofline`` rows is timed as a third side, interleaved with the other two,
+so its GFLOP/s is this machine's matmul throughput under the same load. roofline = (counted FLOPs /
+median time) / GEMM GFLOP/s: 1.0 means the side runs as fast as one large matmul.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from rich.progress import Progress
 from rich.table import Column, Table
 
 from xlstm_zoo import allocator
-from xlstm_zoo.bench.cases import BaselineUnavailable, Case, Scale
+from xlstm_zoo.bench.cases import BaselineUnavailable, Case, Prepared, Scale
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.grid.runner import progress_columns
 
@@ -107,12 +113,40 @@ class Row:
     memory: bool = False                # peak memory was asked for
     info: dict | None = None            # the case's details (recipe, overrides, T, position)
     error: str | None = None            # ours failed (the baseline failing is a note)
+    flops_ours: int | None = None       # counted FLOPs of one call (roofline cases)
+    flops_baseline: int | None = None
+    gemm_gflops: float | None = None    # the plain fp32 GEMM timed beside the case
+    roofline_ours: float | None = None  # (flops / time) / GEMM GFLOP/s
+    roofline_baseline: float | None = None
 
 
 def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def count_flops(fn) -> int:
+    """FLOPs of one call of ``fn`` as torch's flop counter counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def gemm(size: int) -> Prepared:
+    """A plain fp32 ``size x size`` GEMM: the machine's matmul throughput, timed beside a case."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=g), torch.randn(size, size, generator=g)
+    out = torch.empty(size, size)
+    return Prepared(lambda: torch.mm(a, b, out=out), note=f"fp32 GEMM {size}x{size}x{size}")
+
+
+def _roofline(flops: int | None, seconds: float | None, gemm_gflops: float | None) -> float | None:
+    if not flops or not seconds or not gemm_gflops:
+        return None
+    return flops / seconds / 1e9 / gemm_gflops
 
 
 def run_case(case: Case, *, repeats: int, warmup: int = 1) -> Row:
@@ -140,6 +174,13 @@ def run_case(case: Case, *, repeats: int, warmup: int = 1) -> Row:
     except Exception as err:
         base, row.note = None, f"baseline failed: {type(err).__name__}: {err}"
     sides = [s for s in (ours, base) if s is not None]
+    ref_gemm = None
+    if case.roofline and sides:
+        row.flops_ours = count_flops(ours.fn) if ours else None
+        row.flops_baseline = count_flops(base.fn) if base else None
+        ref_gemm = gemm(case.roofline)
+        ref_gemm.fn()
+        sides.append(ref_gemm)
     if case.memory:
         row.peak_ours = measure_peak(ours.fn) if ours else None
         row.peak_baseline = measure_peak(base.fn) if base else None
@@ -155,11 +196,15 @@ def run_case(case: Case, *, repeats: int, warmup: int = 1) -> Row:
         row.baseline_times = times[id(base)]
         row.baseline_s = statistics.median(row.baseline_times) if row.baseline_times else None
         row.params_baseline, row.baseline_desc = base.params, base.note
+    if ref_gemm is not None:
+        row.gemm_gflops = 2 * case.roofline ** 3 / statistics.median(times[id(ref_gemm)]) / 1e9
+        row.roofline_ours = _roofline(row.flops_ours, row.ours_s, row.gemm_gflops)
+        row.roofline_baseline = _roofline(row.flops_baseline, row.baseline_s, row.gemm_gflops)
     if case.memory and row.peak_ours is None and row.peak_baseline is None:
         row.note = "; ".join(n for n in (row.note, "peak memory n/a (no writable /proc/self/clear_refs)") if n)
     if row.ours_s and row.baseline_s:
         row.ratio = row.baseline_s / row.ours_s
-    del ours, base, sides
+    del ours, base, sides, ref_gemm
     _release_free_memory()
     return row
 
@@ -243,7 +288,14 @@ def _rel(row: Row) -> str:
 
 
 COLUMNS = ["case", "ours (ms)", "baseline (ms)", "ratio base/ours", "params ours / base",
-           "peak MiB ours / base", "time vs ref ours / base", "note"]
+           "peak MiB ours / base", "time vs ref ours / base", "roofline ours / base (GEMM GFLOP/s)", "note"]
+
+
+def _roof(row: Row) -> str:
+    if row.gemm_gflops is None:
+        return ""
+    f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    return f"{f(row.roofline_ours)} / {f(row.roofline_baseline)} ({row.gemm_gflops:.0f})"
 
 
 def _cells(row: Row) -> list[str]:
@@ -251,7 +303,7 @@ def _cells(row: Row) -> list[str]:
     mem = f"{_mib(row.peak_ours)} / {_mib(row.peak_baseline)}" if row.memory else ""
     note = row.note if row.error is None else f"ERROR {row.error}; {row.note}".rstrip("; ")
     return [row.case, _ms(row.ours_s), baseline, "-" if row.ratio is None else f"{row.ratio:.2f}",
-            _params(row), mem, _rel(row), note]
+            _params(row), mem, _rel(row), _roof(row), note]
 
 
 def legend(rows: list[Row]) -> list[str]:
@@ -284,7 +336,8 @@ def render_table(rows: list[Row], info: dict | None = None) -> Table:
 def markdown(rows: list[Row], info: dict) -> str:
     lines = ["# xlstm-zoo bench", "", header(info), "",
              "ratio = baseline / ours (> 1: ours faster); times are medians; \"time vs ref\" divides by the "
-             "group's reference case (T=1024 in the sweep, position 10 in generation).", "",
+             "group's reference case (T=1024 in the sweep, position 10 in generation); roofline = counted GFLOP/s "
+             "(torch.utils.flop_counter) / the GFLOP/s of a plain fp32 GEMM timed interleaved in the same case.", "",
              "| group | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
     for row in rows:
         lines.append("| " + " | ".join([row.group, *(c.replace("|", "\\|") for c in _cells(row))]) + " |")

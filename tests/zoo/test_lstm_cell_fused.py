@@ -1,0 +1,63 @@
+"""The LSTM cell runs torch's fused LSTM (weights joined at compute time) where it can: same outputs,
+state and gradients as the reference backend loop, and the same state_dict keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xlstm_zoo.cells.lstm import ATEN_MAX_BLOCKDIAG_DIM, LSTMCell, LSTMCellConfig
+from xlstm_zoo.config import BuildContext
+from xlstm_zoo.tolerances import assert_close
+
+HEADS = [dict(), dict(recurrent="blockdiag", num_heads=4)]
+
+
+def _pair(dim=16, **config):
+    torch.manual_seed(0)
+    fused = LSTMCell(LSTMCellConfig(**config), BuildContext(dim=dim)).double()
+    ref = LSTMCell(LSTMCellConfig(backend="reference", **config), BuildContext(dim=dim)).double()
+    ref.load_state_dict(fused.state_dict())
+    return fused, ref
+
+
+@pytest.mark.parametrize("config", HEADS, ids=["one_head", "four_heads"])
+@pytest.mark.parametrize("value_input", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_fused_lstm_matches_the_reference_loop(config, value_input, with_state):
+    fused, ref = _pair(**config)
+    x = torch.randn(3, 20, 16, dtype=torch.double, requires_grad=True)
+    v = torch.randn(3, 20, 16, dtype=torch.double, requires_grad=True) if value_input else None
+    assert fused._aten_eligible(x, v) and not ref._aten_eligible(x, v)
+    assert sorted(fused.state_dict()) == ["R", "if_proj.bias", "if_proj.weight", "zo_proj.bias", "zo_proj.weight"]
+    state = None
+    if with_state:
+        state = type(fused.init_state(3))(*(torch.randn(3, fused.num_heads, fused.head_dim, dtype=torch.double)
+                                            for _ in range(2)))
+    (y, s), (y_ref, s_ref) = fused(x, state, value_input=v), ref(x, state, value_input=v)
+    assert_close(y, y_ref, kind="kernel", what="h")
+    for a, b in zip(s, s_ref):
+        assert a.shape == b.shape == (3, fused.num_heads, fused.head_dim)
+        assert_close(a, b, kind="kernel", what="state")
+    inputs = [x] + ([v] if value_input else [])
+    loss = lambda y, s: y.sin().sum() + (s.c * s.h).sum()  # noqa: E731
+    grads = torch.autograd.grad(loss(y, s), [*inputs, *fused.parameters()])
+    grads_ref = torch.autograd.grad(loss(y_ref, s_ref), [*inputs, *ref.parameters()])
+    for name, a, b in zip(["x", "value_input"][:len(inputs)] + list(dict(fused.named_parameters())), grads, grads_ref):
+        assert_close(a, b, kind="kernel", what=f"grad {name}")
+
+
+def test_forced_backends_half_precision_and_wide_blockdiag_use_the_op(monkeypatch):
+    fused, _ = _pair()
+    x = torch.zeros(1, 2, 16, dtype=torch.double)
+    monkeypatch.setenv("XLSTM_ZOO_BACKEND", "reference")
+    assert not fused._aten_eligible(x, None)
+    monkeypatch.delenv("XLSTM_ZOO_BACKEND")
+    assert fused._aten_eligible(x, None)
+    assert not fused.float()._aten_eligible(x.half(), None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the op keeps fp32 states under autocast
+        assert not fused._aten_eligible(x, None)
+    wide = 2 * ATEN_MAX_BLOCKDIAG_DIM
+    heads = LSTMCell(LSTMCellConfig(recurrent="blockdiag", num_heads=4), BuildContext(dim=wide))
+    assert not heads._aten_eligible(torch.zeros(1, 2, wide), None)
+    assert LSTMCell(LSTMCellConfig(), BuildContext(dim=wide))._aten_eligible(torch.zeros(1, 2, wide), None)
