@@ -26,6 +26,8 @@ from typing import Any, Callable
 import torch
 
 from xlstm_zoo.backends import GateSchemes, mlstm_sequence
+from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
+from xlstm_zoo.config import BuildContext
 from xlstm_zoo.recipe import build, load_recipe
 
 MLSTM_PROJ = "stack.blocks.m.cell.proj=blockdiag"  # = the official qkv_proj_blocksize=4 (our proj_blocksize default)
@@ -521,9 +523,6 @@ def _large_cases(scale: Scale) -> list[Case]:
 
 
 def _our_lstm_cell(scale: Scale):
-    from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
-    from xlstm_zoo.config import BuildContext
-
     torch.manual_seed(scale.seed)
     return LSTMCell(LSTMCellConfig(), BuildContext(dim=scale.dim))
 

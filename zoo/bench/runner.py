@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Column, Table
@@ -128,8 +129,6 @@ def _timed(fn) -> float:
 
 def count_flops(fn) -> int:
     """FLOPs of one call of ``fn`` as torch's flop counter counts them."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     with FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
