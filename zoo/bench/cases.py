@@ -462,18 +462,22 @@ def _lm_forward_backward(model, tokens) -> Callable[[], None]:
     return fn
 
 
-def _large_step(model, scale: Scale, batch: int, ours: bool) -> Callable[[], None]:
-    """One generation step from a state prefilled over ``large_prefill`` tokens (chunkwise on both sides)."""
+def _large_step(model, scale: Scale, batch: int, ours: bool, compiled: bool = False) -> Callable[[], None]:
+    """One generation step from a state prefilled over ``large_prefill`` tokens (chunkwise on both sides);
+    ``compiled``: our step under torch.compile (compiled here, outside the timed calls)."""
     model.eval()
     tokens = _tokens(scale, batch, scale.large_prefill + 1)
     with torch.no_grad():
         _, state = model(tokens[:, :-1])
     if ours:
         token = tokens[:, -1]
+        step = model.compiled_step() if compiled else model.step
+        with torch.no_grad():
+            step(token, state)
 
         def fn():
             with torch.no_grad():
-                model.step(token, state)
+                step(token, state)
         return fn
     token = tokens[:, -1:]
 
@@ -503,19 +507,23 @@ def _large_cases(scale: Scale) -> list[Case]:
             group = "7B layout " + ("forward" if label == "fwd" else "forward+backward")
             cases.append(Case(f"7b/{label}/d={dim}", group, shapes, ours, baseline, info=info,
                               roofline=scale.gemm_size))
-        for batch in scale.large_step_batches:
-            def ours_step(dim=dim, batch=batch):
-                model = our_large(scale, dim)
-                return Prepared(_large_step(model, scale, batch, True), count(model), note="model.step")
+        for compiled in (False, True):
+            for batch in scale.large_step_batches:
+                def ours_step(dim=dim, batch=batch, compiled=compiled):
+                    model = our_large(scale, dim)
+                    return Prepared(_large_step(model, scale, batch, True, compiled), count(model),
+                                    note="model.compiled_step() (torch.compile)" if compiled else "model.step")
 
-            def base_step(dim=dim, batch=batch):
-                model = official_large(scale, dim, "inference")
-                return Prepared(_large_step(model, scale, batch, False), count(model),
-                                note="xlstm.xLSTMLarge, one token in inference mode (native step kernel)")
+                def base_step(dim=dim, batch=batch):
+                    model = official_large(scale, dim, "inference")
+                    return Prepared(_large_step(model, scale, batch, False), count(model),
+                                    note="xlstm.xLSTMLarge, one token in inference mode (native step kernel)")
 
-            cases.append(Case(f"7b/step/d={dim}/B={batch}", "7B layout generation step", f"B={batch} d={dim} "
-                              f"after {scale.large_prefill} tokens", ours_step, base_step, info=info,
-                              sample_factor=GENERATION_SAMPLE_FACTOR))
+                name, group = ("step_compiled", "7B layout generation step, ours compiled") if compiled else \
+                    ("step", "7B layout generation step")
+                cases.append(Case(f"7b/{name}/d={dim}/B={batch}", group, f"B={batch} d={dim} "
+                                  f"after {scale.large_prefill} tokens", ours_step, base_step, info=info,
+                                  sample_factor=GENERATION_SAMPLE_FACTOR))
     return cases
 
 

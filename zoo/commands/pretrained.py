@@ -95,6 +95,9 @@ def _generate_arguments(c) -> None:
     c.add_argument("--top-k", type=int, default=None)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--dtype", default="keep", metavar="DTYPE", help="keep (default), float32, bfloat16, float16")
+    c.add_argument("--compile", action="store_true",
+                   help="run the per-token step under torch.compile (compiles for seconds first; faster per token "
+                        "for small models, see docs/performance.md)")
     bos = c.add_mutually_exclusive_group()
     bos.add_argument("--bos", dest="bos", action="store_const", const=True, default=None,
                      help="put the BOS token first (default: as the checkpoint's config says)")
@@ -125,7 +128,8 @@ def run_generate(args) -> int:
     shown = prefix
     sys.stdout.write(args.prompt)
     for token in model.stream(torch.tensor([ids]), args.max_new_tokens, greedy=args.greedy,
-                              temperature=args.temperature, top_k=args.top_k, generator=generator):
+                              temperature=args.temperature, top_k=args.top_k, generator=generator,
+                              compile=args.compile):
         if eos is not None and int(token) == eos:
             break
         out.append(int(token))
