@@ -1,12 +1,14 @@
 """``xlstm-zoo convert`` and ``xlstm-zoo generate`` end to end on random-weight official checkpoints."""
 
 import json
+import warnings
 
 import pytest
 import torch
 
 from official_models import official_large, write_large_dir
 from xlstm_zoo.cli import main
+from xlstm_zoo.compiling import CompileWarning
 from xlstm_zoo.pretrained.tensorfile import SafetensorsSource, write_safetensors
 
 
@@ -45,7 +47,8 @@ def test_a_misshaped_tensor_exits_nonzero_naming_key_and_field(large_dir, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-def test_generate_streams_text_with_the_checkpoints_bos(large_dir, tmp_path, capsys):
+@pytest.mark.parametrize("compile_flag", [[], ["--compile"]], ids=["eager", "compiled"])
+def test_generate_streams_text_with_the_checkpoints_bos(large_dir, tmp_path, capsys, compile_flag):
     tokenizers = pytest.importorskip("tokenizers")
     directory = write_large_dir(tmp_path / "gen", official_large())
     words = ["<bos>", "<pad>", "<eos>"] + [f"w{i}" for i in range(94)]
@@ -53,7 +56,10 @@ def test_generate_streams_text_with_the_checkpoints_bos(large_dir, tmp_path, cap
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     tok.save(str(directory / "tokenizer.json"))
     (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 2}))
-    assert main(["generate", str(directory), "--prompt", "w5 w7", "--max-new-tokens", "6", "--greedy", "--bos"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileWarning)  # --compile must really compile
+        assert main(["generate", str(directory), "--prompt", "w5 w7", "--max-new-tokens", "6", "--greedy", "--bos",
+                     *compile_flag]) == 0
     out = capsys.readouterr().out
     from xlstm_zoo.pretrained import from_pretrained
     prompt = [0, 8, 10]  # <bos> w5 w7
