@@ -1,4 +1,4 @@
-"""Build the C++ sLSTM loop once per machine and load it with ctypes.
+"""Build the C++ sLSTM loops (forward and backward) once per machine and load them with ctypes.
 
 No torch headers and no Python extension module: one plain C++ file, compiled by the system compiler
 in about a second into a shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
@@ -24,8 +24,16 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "slstm_loop.cpp"
 LIBRARY = "libxlstm_zoo_slstm.so"
-# Tried in order: the first that compiles wins (not every compiler knows -march=native).
-FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
+# Tried in order: the first that compiles and links wins. The first vectorises the gate maths with
+# glibc's SIMD functions (libmvec; see slstm_loop.cpp): 4x faster forward, 2.8x backward at the quick
+# grids' sizes. `-z defs` makes a missing libmvec a link error here rather than a load error later. Not
+# every compiler knows -march=native.
+VECTOR_MATH = ["-DXLSTM_ZOO_VECTOR_MATH", "-fopenmp-simd", "-fno-math-errno"]
+FLAG_SETS = (
+    (["-O3", "-march=native", *VECTOR_MATH], ["-lmvec", "-Wl,-z,defs"]),
+    (["-O3", "-march=native"], []),
+    (["-O3"], []),
+)
 BASE_FLAGS = ["-std=c++17", "-shared", "-fPIC", "-pthread"]
 
 
@@ -62,7 +70,8 @@ def cache_path() -> Path:
     root = os.environ.get("XLSTM_ZOO_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "xlstm_zoo"
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), str(compiler()).encode(), platform.machine().encode(), _cpu_fingerprint().encode()):
+    for part in (SOURCE.read_bytes(), str(compiler()).encode(), repr(FLAG_SETS).encode(), platform.machine().encode(),
+                 _cpu_fingerprint().encode()):
         digest.update(part)
     return base / "cpp" / digest.hexdigest()[:16] / LIBRARY
 
@@ -71,11 +80,11 @@ def _compile(target: Path) -> None:
     """Compile into a temporary file, then rename: a concurrent or interrupted build never leaves a torn library."""
     target.parent.mkdir(parents=True, exist_ok=True)
     errors = []
-    for flags in FLAG_SETS:
+    for flags, libraries in FLAG_SETS:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            proc = subprocess.run([compiler(), *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp],
+            proc = subprocess.run([compiler(), *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, *libraries],
                                   capture_output=True, text=True, timeout=300)
             if proc.returncode == 0:
                 os.replace(tmp, target)
@@ -96,10 +105,11 @@ def first_error(output: str, max_lines: int = 3) -> str:
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     ptr, i64, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    for name in ("xlstm_zoo_slstm_forward_f32", "xlstm_zoo_slstm_forward_f64"):
-        fn = getattr(lib, name)
-        fn.argtypes = [ptr] * 11 + [i64] * 5 + [flag, flag, i64]
-        fn.restype = None
+    for name, pointers in (("forward", 11), ("backward", 15)):
+        for dtype in ("f32", "f64"):
+            fn = getattr(lib, f"xlstm_zoo_slstm_{name}_{dtype}")
+            fn.argtypes = [ptr] * pointers + [i64] * 5 + [flag, flag, i64]
+            fn.restype = None
     return lib
 
 

@@ -1,8 +1,9 @@
-"""sLSTM sequence with the forward time loop in compiled C++ (:mod:`.build`), the backward from the fused backend.
+"""sLSTM sequence with both time loops, forward and backward, in compiled C++ (:mod:`.build`).
 
-The C++ loop fills the same buffers as :func:`xlstm_zoo.backends.fused.slstm.forward_loop`, so
-:func:`~xlstm_zoo.backends.fused.slstm.run_sequence` wraps it with the fused autograd function and
-its exact hand-written backward; only the forward differs.
+The C++ loops keep the fused backend's contracts (:func:`xlstm_zoo.backends.fused.slstm.forward_loop`
+fills the same buffers, :func:`~xlstm_zoo.backends.fused.slstm.slstm_backward` returns the same
+gradients), so :func:`~xlstm_zoo.backends.fused.slstm.run_sequence` wraps them in the fused autograd
+function; only where the loops run differs.
 """
 
 from __future__ import annotations
@@ -11,19 +12,24 @@ import torch
 
 from xlstm_zoo.backends.cpp.build import library
 from xlstm_zoo.backends.fused.slstm import run_sequence
-from xlstm_zoo.backends.fused.time_major import state_in
+from xlstm_zoo.backends.fused.time_major import from_time_major, recurrent_weight_grad, state_in, state_out, to_time_major
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.states import SLSTMState
 
-__all__ = ["slstm_sequence", "forward_loop"]
+__all__ = ["slstm_sequence", "forward_loop", "backward_loop"]
 
-_ENTRY = {torch.float32: "xlstm_zoo_slstm_forward_f32", torch.float64: "xlstm_zoo_slstm_forward_f64"}
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _entry(name: str, x: torch.Tensor):
+    if x.device.type != "cpu" or x.dtype not in _SUFFIX:
+        raise ValueError(f"the C++ sLSTM loop runs float32/float64 CPU tensors, got {x.dtype} on {x.device}")
+    return getattr(library(), f"xlstm_zoo_slstm_{name}_{_SUFFIX[x.dtype]}")
 
 
 def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
     """Same contract as the fused ``forward_loop``: ``G [T,H,B,4*Dh]``, ``CNs [T+1,2,H,B,Dh]``, ``Ms``, ``Hs``."""
-    if W.device.type != "cpu" or W.dtype not in _ENTRY:
-        raise ValueError(f"the C++ sLSTM loop runs float32/float64 CPU tensors, got {W.dtype} on {W.device}")
+    forward = _entry("forward", W)
     T, H, B, four_dh = W.shape
     Dh = four_dh // 4
     W, R = W.contiguous(), R.to(W.dtype).contiguous()
@@ -33,13 +39,38 @@ def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
     CNs = torch.empty(T + 1, 2, H, B, Dh, **new)
     Ms, Hs = torch.empty(T + 1, H, B, Dh, **new), torch.empty(T + 1, H, B, Dh, **new)
     ptr = [t.data_ptr() for t in (W, R, c0, n0, m0, h0, G)]
-    getattr(library(), _ENTRY[W.dtype])(
-        *ptr, CNs.data_ptr(), CNs[:, 1].data_ptr(), Ms.data_ptr(), Hs.data_ptr(),
-        T, H, B, Dh, 2 * H * B * Dh, int(input_exp), int(forget_exp), torch.get_num_threads())
+    forward(*ptr, CNs.data_ptr(), CNs[:, 1].data_ptr(), Ms.data_ptr(), Hs.data_ptr(),
+            T, H, B, Dh, 2 * H * B * Dh, int(input_exp), int(forget_exp), torch.get_num_threads())
     return G, CNs, Ms, Hs
+
+
+def backward_loop(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_all, dc_T, dn_T, dm_T, dh_T):
+    """Same contract as the fused ``slstm_backward``: ``(dwx, dR, dc0, dn0, dm0, dh0)``, ``None`` gradients
+    meaning zeros. ``Cs``/``Ns`` may be the two halves of the forward's stacked ``CNs`` (any equal stride
+    between tokens)."""
+    backward = _entry("backward", G)
+    T, H, B, four_dh = G.shape
+    Dh = four_dh // 4
+    if Cs.stride() != Ns.stride() or Cs[0].stride() != (B * Dh, Dh, 1):
+        raise ValueError("the C++ sLSTM backward needs c and n with one layout, each token contiguous")
+    cast = dict(dtype=G.dtype)
+    G, Ms = G.contiguous(), Ms.contiguous()
+    Rt = R.to(**cast).transpose(1, 2).contiguous()
+    dH = to_time_major(dh_all, G.dtype) if dh_all is not None else None
+    final = [state_in(d).to(**cast).contiguous() if d is not None else None for d in (dc_T, dn_T, dm_T, dh_T)]
+    dG = torch.empty_like(G)
+    initial = [torch.empty(H, B, Dh, **cast) for _ in range(4)]
+
+    def ptr(x):
+        return None if x is None else x.data_ptr()
+
+    backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), Ns.data_ptr(), Ms.data_ptr(), ptr(dH), *map(ptr, final),
+             dG.data_ptr(), *map(ptr, initial), T, H, B, Dh, Cs.stride(0), int(input_exp), int(forget_exp),
+             torch.get_num_threads())
+    return (from_time_major(dG), recurrent_weight_grad(Hs[:-1], dG), *map(state_out, initial))
 
 
 def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = None, *,
                    gates: GateSchemes) -> tuple[torch.Tensor, SLSTMState]:
     """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
-    return run_sequence(wx, R, state, gates=gates, loop=forward_loop)
+    return run_sequence(wx, R, state, gates=gates, loop=forward_loop, backward_loop=backward_loop)

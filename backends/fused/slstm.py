@@ -34,19 +34,20 @@ def _log_gate(pre: torch.Tensor, exponential: bool):
 
 class _SLSTMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool, loop):
+    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool, loop, backward_loop):
         G, CNs, Ms, Hs = loop(to_time_major(wx, wx.dtype), R, c0, n0, m0, h0, input_exp, forget_exp)
         Cs, Ns = CNs.unbind(1)
         # The pre-activations are kept (as big as W x, which is then freed): the backward needs no matmul for them.
         ctx.save_for_backward(G, R, Cs, Ns, Ms, Hs)
-        ctx.gate_exp = (input_exp, forget_exp)
+        ctx.gate_exp, ctx.backward_loop = (input_exp, forget_exp), backward_loop
         T = G.shape[0]
         h = from_time_major(Hs[1:]).contiguous()
         return h, state_out(Cs[T]), state_out(Ns[T]), state_out(Ms[T]), state_out(Hs[T])
 
     @staticmethod
     def backward(ctx, dh_all, dc_T, dn_T, dm_T, dh_T):
-        return (*slstm_backward(*ctx.saved_tensors, *ctx.gate_exp, dh_all, dc_T, dn_T, dm_T, dh_T), None, None, None)
+        return (*ctx.backward_loop(*ctx.saved_tensors, *ctx.gate_exp, dh_all, dc_T, dn_T, dm_T, dh_T),
+                None, None, None, None)
 
 
 def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
@@ -149,9 +150,9 @@ def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None =
 
 
 def run_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None, *, gates: GateSchemes,
-                 loop) -> tuple[torch.Tensor, SLSTMState]:
-    """:func:`slstm_sequence` with another forward ``loop`` (same contract as :func:`forward_loop`,
-    e.g. the compiled C++ one); the backward is always :func:`slstm_backward`."""
+                 loop, backward_loop=slstm_backward) -> tuple[torch.Tensor, SLSTMState]:
+    """:func:`slstm_sequence` with another forward ``loop`` (same contract as :func:`forward_loop`)
+    and backward (same contract as :func:`slstm_backward`), e.g. the compiled C++ ones."""
     dh, dtype = head_dim(wx, R, "sLSTM"), compute_dtype(wx)
     B, H, T = wx.shape[:3]
     if state is None:
@@ -160,5 +161,6 @@ def run_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None, *,
     if T == 0:
         return wx.new_empty(B, H, 0, dh), SLSTMState(c0, n0, m0, h0)
     h, c, n, m, h_last = _SLSTMFunction.apply(wx.to(dtype), R.to(dtype), c0, n0, m0, h0,
-                                              gates.input == "exponential", gates.forget == "exponential", loop)
+                                              gates.input == "exponential", gates.forget == "exponential", loop,
+                                              backward_loop)
     return h.to(wx.dtype), SLSTMState(c, n, m, h_last)

@@ -1,19 +1,21 @@
-"""The ``cpp`` backend (the sLSTM forward loop compiled from C++): low precision, its contract with the fused
-loop, and its build: cache, warn-once fallback when the compiler fails, dispatch. Float64 parity with the
-reference is in tests/backends/test_kernel_parity.py."""
+"""The ``cpp`` backend (the sLSTM forward and backward loops compiled from C++): low precision, its contracts
+with the fused loops, and its build: cache, vector-maths fallback, warn-once fallback when the compiler fails,
+dispatch. Float64 parity with the reference (outputs, states, every gradient) is in
+tests/backends/test_kernel_parity.py."""
 
 import warnings
 
 import pytest
 import torch
-from gate_inputs import make_inputs, random_slstm_state
+from gate_inputs import ALL_GATES, make_inputs, random_slstm_state
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import build
-from xlstm_zoo.backends.cpp.slstm import forward_loop
+from xlstm_zoo.backends.cpp.slstm import backward_loop, forward_loop
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence as cpp_slstm
 from xlstm_zoo.backends.dispatch import select
 from xlstm_zoo.backends.fused.slstm import forward_loop as fused_forward_loop
+from xlstm_zoo.backends.fused.slstm import slstm_backward as fused_backward
 from xlstm_zoo.backends.fused.time_major import to_time_major
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.reference.slstm import slstm_sequence as reference_slstm
@@ -84,12 +86,76 @@ def test_thread_count_does_not_change_the_result():
         assert torch.equal(a, b)
 
 
+def _backward_inputs(gates, B=2, H=3, T=11, Dh=5, *, final_grads=True, seed=0):
+    wx, R = make_inputs(B, H, T, Dh, dtype=torch.float64, seed=seed)
+    state = random_slstm_state(B, H, Dh)
+    ie, fe = gates.input == "exponential", gates.forget == "exponential"
+    G, CNs, Ms, Hs = fused_forward_loop(to_time_major(wx, wx.dtype), R, *state, ie, fe)
+    g = torch.Generator().manual_seed(seed + 7)
+    dh_all = torch.randn(B, H, T, Dh, generator=g, dtype=torch.float64)
+    finals = [torch.randn(B, H, Dh, generator=g, dtype=torch.float64) if final_grads else None for _ in range(4)]
+    return (G, R, *CNs.unbind(1), Ms, Hs, ie, fe, dh_all, *finals)
+
+
+@needs_compiler
+@pytest.mark.parametrize("final_grads", [True, False], ids=["final-state-grads", "none"])
+@pytest.mark.parametrize("gates", ALL_GATES, ids=lambda g: f"{g.input[:3]}-{g.forget[:3]}")
+def test_backward_matches_the_fused_backward(gates, final_grads):
+    """Same gradients as the fused PyTorch backward, for every gate scheme, with and without gradients on
+    the final state (None means zeros)."""
+    args = _backward_inputs(gates, final_grads=final_grads)
+    names = ["dwx", "dR", "dc0", "dn0", "dm0", "dh0"]
+    for name, ours, theirs in zip(names, backward_loop(*args), fused_backward(*args)):
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, name
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
+
+
+@needs_compiler
+def test_backward_splits_ties_of_the_stabiliser_like_torch_maximum():
+    """Where log f + m_prev equals log i exactly, torch.maximum's backward gives half the gradient to each
+    side; the loop must too. The tie is at the last token, where the final state's dm reaches it (at an
+    earlier tie m's gradient is zero, since the outputs do not depend on the stabiliser)."""
+    gates = GateSchemes("exponential", "exponential")
+    wx, R = make_inputs(1, 1, 1, 2, dtype=torch.float64)
+    wx[..., 0:2] = 0.5                     # log i = 0.5
+    wx[..., 2:4] = -0.25                   # log f
+    zero = torch.zeros(1, 1, 2, dtype=torch.float64)
+    m0 = torch.full_like(zero, 0.75)       # log f + m0 = 0.5 = log i, a tie
+    G, CNs, Ms, Hs = forward_loop(to_time_major(wx, wx.dtype), torch.zeros_like(R), zero + 0.3, zero + 1, m0,
+                                  zero, True, True)
+    dh = torch.ones(1, 1, 1, 2, dtype=torch.float64)
+    args = (G, R, *CNs.unbind(1), Ms, Hs, True, True, dh, None, None, torch.ones_like(zero), None)
+    ours, theirs = backward_loop(*args), fused_backward(*args)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # the half of m's own gradient that the tie sends to log f + m_prev reaches m0
+    assert ours[4].abs().min() > 0.1
+
+
+@needs_compiler
+def test_backward_thread_count_does_not_change_the_result():
+    args = _backward_inputs(GateSchemes(), B=3, H=4, T=9, Dh=6)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = backward_loop(*args)
+        torch.set_num_threads(3)
+        three = backward_loop(*args)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(one, three):
+        assert torch.equal(a, b)
+
+
 @needs_compiler
 def test_rejects_what_it_cannot_run():
     W = torch.zeros(2, 1, 1, 4, dtype=torch.float16)
     zero = torch.zeros(1, 1, 1)
     with pytest.raises(ValueError, match="float32/float64 CPU"):
         forward_loop(W, torch.zeros(1, 1, 4), zero, zero, zero, zero, True, True)
+    with pytest.raises(ValueError, match="float32/float64 CPU"):
+        backward_loop(W, torch.zeros(1, 1, 4), *(torch.zeros(3, 1, 1, 1, dtype=torch.float16),) * 4, True, True,
+                      None, None, None, None, None)
 
 
 @needs_compiler
@@ -101,6 +167,21 @@ def test_builds_once_and_reuses_the_cache(fresh_build, capfd):
     second = build.Build()  # another process: finds the cached library, prints nothing
     assert second.get()[1] is None
     assert "compiling" not in capfd.readouterr().err
+
+
+@needs_compiler
+def test_without_vector_maths_the_next_flag_set_builds(fresh_build, monkeypatch):
+    """A toolchain without glibc's vector maths library (another libc, another platform) fails the first
+    flag set at link time; the plain build after it must still give a working library, with no warning."""
+    flags, _ = build.FLAG_SETS[0]
+    monkeypatch.setattr(build, "FLAG_SETS", ((flags, ["-lxlstm_zoo_no_such_library", "-Wl,-z,defs"]),
+                                             *build.FLAG_SETS[1:]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fresh_build.get()[1] is None
+    wx, R = make_inputs(2, 2, 7, 3, dtype=torch.float64)
+    h, _ = ops.slstm_sequence(wx, R, None, gates=GateSchemes(), backend="cpp")
+    torch.testing.assert_close(h, reference_slstm(wx, R, None, gates=GateSchemes())[0], rtol=1e-12, atol=1e-12)
 
 
 def test_failed_build_warns_once_and_dispatch_falls_back(fresh_build, monkeypatch):
