@@ -1,16 +1,17 @@
-"""The ``cpp`` backend: the sLSTM time loops, forward and backward, compiled from C++ for the CPU (see :mod:`.build`).
+"""The ``cpp`` backend: the sLSTM and LSTM time loops, forward and backward, compiled from C++ for the CPU (see :mod:`.build`).
 
 The fused PyTorch loops spend most of their time dispatching ~13 (forward) and ~17 (backward) small ops
 per token from Python; the C++ loops run the whole recurrence per (head, batch) row with no dispatch at
 all, the gate maths vectorised where glibc's vector maths library is there. Nothing is compiled at import:
 the first availability check builds the library (a few seconds; cached per machine). Without a compiler
-the backend is unavailable; a failed build warns once (:class:`CppBuildWarning`) and sLSTM on the CPU uses
-the fused loops.
+the backend is unavailable; a failed build warns once (:class:`CppBuildWarning`) and sLSTM and LSTM on
+the CPU use the fused loops.
 """
 
 from __future__ import annotations
 
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
+from xlstm_zoo.backends.cpp.lstm import lstm_sequence
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
 from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
 
@@ -18,6 +19,8 @@ __all__ = ["CppBackend", "CppBuildWarning", "KERNELS", "cpp_backend"]
 
 KERNELS = (
     Kernel("slstm", "sequence", "cpp", slstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
+           notes="C++ forward and backward loops; halves compute in float32"),
+    Kernel("lstm", "sequence", "cpp", lstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
            notes="C++ forward and backward loops; halves compute in float32"),
 )
 
@@ -31,6 +34,6 @@ def cpp_backend() -> Backend:
     return CppBackend(
         name="cpp",
         priority=15,
-        description="sLSTM forward and backward loops compiled from C++ for the CPU (built on first use)",
+        description="sLSTM and LSTM forward and backward loops compiled from C++ for the CPU (built on first use)",
         kernels=KERNELS,
     )

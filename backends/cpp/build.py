@@ -1,10 +1,10 @@
-"""Build the C++ sLSTM loops (forward and backward) once per machine and load them with ctypes.
+"""Build the C++ sLSTM and LSTM loops (forward and backward) once per machine and load them with ctypes.
 
-No torch headers and no Python extension module: one plain C++ file, compiled by the system compiler
-in about a second into a shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
-``$XLSTM_ZOO_CACHE_DIR/cpp``). The cache key holds a hash of the source, the compiler and this CPU,
-because the library is built for the CPU it runs on (``-march=native``). A failed build warns once
-(:class:`CppBuildWarning`, with the compiler's own error lines) and the dispatcher falls back to the
+No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
+few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
+``$XLSTM_ZOO_CACHE_DIR/cpp``). The cache key holds a hash of the sources, the flags, the compiler and
+this CPU, because the library is built for the CPU it runs on (``-march=native``). A failed build warns
+once (:class:`CppBuildWarning`, with the compiler's own error lines) and the dispatcher falls back to the
 next backend; the user's run goes on.
 """
 
@@ -22,8 +22,10 @@ import threading
 import warnings
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parent / "slstm_loop.cpp"
-LIBRARY = "libxlstm_zoo_slstm.so"
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp")
+HEADERS = (HERE / "loops.h",)
+LIBRARY = "libxlstm_zoo_loops.so"
 # Tried in order: the first that compiles and links wins. The first vectorises the gate maths with
 # glibc's SIMD functions (libmvec; see slstm_loop.cpp): 4x faster forward, 2.8x backward at the quick
 # grids' sizes. `-z defs` makes a missing libmvec a link error here rather than a load error later. Not
@@ -38,7 +40,7 @@ BASE_FLAGS = ["-std=c++17", "-shared", "-fPIC", "-pthread"]
 
 
 class CppBuildWarning(RuntimeWarning):
-    """The C++ sLSTM loop did not build; sLSTM on the CPU falls back to the fused PyTorch loop."""
+    """The C++ loops did not build; sLSTM and LSTM on the CPU fall back to the fused PyTorch loops."""
 
 
 def compiler() -> str | None:
@@ -70,7 +72,7 @@ def cache_path() -> Path:
     root = os.environ.get("XLSTM_ZOO_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "xlstm_zoo"
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), str(compiler()).encode(), repr(FLAG_SETS).encode(), platform.machine().encode(),
+    for part in (*(f.read_bytes() for f in (*SOURCES, *HEADERS)), str(compiler()).encode(), repr(FLAG_SETS).encode(), platform.machine().encode(),
                  _cpu_fingerprint().encode()):
         digest.update(part)
     return base / "cpp" / digest.hexdigest()[:16] / LIBRARY
@@ -84,7 +86,7 @@ def _compile(target: Path) -> None:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            proc = subprocess.run([compiler(), *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, *libraries],
+            proc = subprocess.run([compiler(), *BASE_FLAGS, *flags, *map(str, SOURCES), "-o", tmp, *libraries],
                                   capture_output=True, text=True, timeout=300)
             if proc.returncode == 0:
                 os.replace(tmp, target)
@@ -105,11 +107,14 @@ def first_error(output: str, max_lines: int = 3) -> str:
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     ptr, i64, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    for name, pointers in (("forward", 11), ("backward", 15)):
+    signatures = {"slstm_forward": [ptr] * 11 + [i64] * 5 + [flag, flag, i64],
+                  "slstm_backward": [ptr] * 15 + [i64] * 5 + [flag, flag, i64],
+                  "lstm_forward": [ptr] * 7 + [i64] * 5,
+                  "lstm_backward": [ptr] * 9 + [i64] * 5}
+    for name, argtypes in signatures.items():
         for dtype in ("f32", "f64"):
-            fn = getattr(lib, f"xlstm_zoo_slstm_{name}_{dtype}")
-            fn.argtypes = [ptr] * pointers + [i64] * 5 + [flag, flag, i64]
-            fn.restype = None
+            fn = getattr(lib, f"xlstm_zoo_{name}_{dtype}")
+            fn.argtypes, fn.restype = argtypes, None
     return lib
 
 
@@ -133,14 +138,14 @@ class Build:
         path = cache_path()
         try:
             if not path.is_file():
-                print(f"xlstm_zoo: compiling the C++ sLSTM loop (first use; cached in {path.parent})",
+                print(f"xlstm_zoo: compiling the C++ sLSTM/LSTM loops (first use; cached in {path.parent})",
                       file=sys.stderr, flush=True)
                 _compile(path)
             self.library = _load(path)
         except Exception as err:  # a failed build must never stop the user's run
             self.error = f"compile failed: {err}"
-            warnings.warn(f"xlstm_zoo: the C++ sLSTM loop is unavailable, so sLSTM on the CPU falls back to the "
-                          f"fused PyTorch loop ({self.error})", CppBuildWarning, stacklevel=3)
+            warnings.warn(f"xlstm_zoo: the C++ sLSTM/LSTM loops are unavailable, so sLSTM and LSTM on the CPU fall "
+                          f"back to the fused PyTorch loops ({self.error})", CppBuildWarning, stacklevel=3)
 
 
 _build = Build()
@@ -149,8 +154,19 @@ _build = Build()
 def library() -> ctypes.CDLL:
     lib, error = _build.get()
     if lib is None:
-        raise RuntimeError(f"the C++ sLSTM loop is unavailable: {error}")
+        raise RuntimeError(f"the C++ sLSTM/LSTM loops are unavailable: {error}")
     return lib
+
+
+_SUFFIX = {"torch.float32": "f32", "torch.float64": "f64"}
+
+
+def loop_function(name: str, x) -> ctypes._CFuncPtr:
+    """The compiled ``xlstm_zoo_<name>_<f32|f64>`` for tensor ``x``'s dtype (``x`` on the CPU)."""
+    suffix = _SUFFIX.get(str(x.dtype))
+    if x.device.type != "cpu" or suffix is None:
+        raise ValueError(f"the C++ loops run float32/float64 CPU tensors, got {x.dtype} on {x.device}")
+    return getattr(library(), f"xlstm_zoo_{name}_{suffix}")
 
 
 def unavailable_reason() -> str | None:

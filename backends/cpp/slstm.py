@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import library
+from xlstm_zoo.backends.cpp.build import loop_function
 from xlstm_zoo.backends.fused.slstm import run_sequence
 from xlstm_zoo.backends.fused.time_major import from_time_major, recurrent_weight_grad, state_in, state_out, to_time_major
 from xlstm_zoo.backends.gating import GateSchemes
@@ -18,18 +18,10 @@ from xlstm_zoo.backends.states import SLSTMState
 
 __all__ = ["slstm_sequence", "forward_loop", "backward_loop"]
 
-_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
-
-
-def _entry(name: str, x: torch.Tensor):
-    if x.device.type != "cpu" or x.dtype not in _SUFFIX:
-        raise ValueError(f"the C++ sLSTM loop runs float32/float64 CPU tensors, got {x.dtype} on {x.device}")
-    return getattr(library(), f"xlstm_zoo_slstm_{name}_{_SUFFIX[x.dtype]}")
-
 
 def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
     """Same contract as the fused ``forward_loop``: ``G [T,H,B,4*Dh]``, ``CNs [T+1,2,H,B,Dh]``, ``Ms``, ``Hs``."""
-    forward = _entry("forward", W)
+    forward = loop_function("slstm_forward", W)
     T, H, B, four_dh = W.shape
     Dh = four_dh // 4
     W, R = W.contiguous(), R.to(W.dtype).contiguous()
@@ -48,7 +40,7 @@ def backward_loop(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_al
     """Same contract as the fused ``slstm_backward``: ``(dwx, dR, dc0, dn0, dm0, dh0)``, ``None`` gradients
     meaning zeros. ``Cs``/``Ns`` may be the two halves of the forward's stacked ``CNs`` (any equal stride
     between tokens)."""
-    backward = _entry("backward", G)
+    backward = loop_function("slstm_backward", G)
     T, H, B, four_dh = G.shape
     Dh = four_dh // 4
     if Cs.stride() != Ns.stride() or Cs[0].stride() != (B * Dh, Dh, 1):

@@ -19,63 +19,11 @@
 //   dG     [T, H, B, 4D]     out: gradients of the pre-activations (= of W x + b); dR is one matmul in Python
 //   dc0 dn0 dm0 dh0 [H, B, D] out: gradients of the initial state
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <thread>
-#include <vector>
-
-// The gate maths costs five to seven exp/log1p/tanh per unit and token, and scalar libm calls made them
-// 75% of the loop's time. With XLSTM_ZOO_VECTOR_MATH (build.py tries it first) the loops over units are
-// vectorised and call glibc's SIMD versions of these functions (libmvec, within 4 ulp), declared here as
-// `omp declare simd` so that -fopenmp-simd can use them; -ffast-math would do the same but also drop
-// the NaN semantics that torch.maximum has and these loops keep.
-#ifdef XLSTM_ZOO_VECTOR_MATH
-extern "C" {
-#pragma omp declare simd notinbranch
-float expf(float);
-#pragma omp declare simd notinbranch
-float log1pf(float);
-#pragma omp declare simd notinbranch
-float tanhf(float);
-#pragma omp declare simd notinbranch
-double exp(double);
-#pragma omp declare simd notinbranch
-double log1p(double);
-#pragma omp declare simd notinbranch
-double tanh(double);
-}
-#define XLSTM_ZOO_SIMD _Pragma("omp simd")
-#else
-#define XLSTM_ZOO_SIMD
-#endif
+#include "loops.h"
 
 namespace {
 
-inline float vexp(float x) { return expf(x); }
-inline double vexp(double x) { return exp(x); }
-inline float vlog1p(float x) { return log1pf(x); }
-inline double vlog1p(double x) { return log1p(x); }
-inline float vtanh(float x) { return tanhf(x); }
-inline double vtanh(double x) { return tanh(x); }
-
-template <typename T>
-inline T log_sigmoid(T x) {
-    // torch.nn.functional.softplus(x, beta=-1) (the fused backend's log sigmoid): linear below -20.
-    return x < T(-20) ? x : -vlog1p(vexp(-x));
-}
-
-template <typename T>
-inline T sigmoid(T x) { return T(1) / (T(1) + vexp(-x)); }
-
-template <typename T, bool exponential>
-inline T log_gate(T pre) { return exponential ? pre : log_sigmoid(pre); }
-
-template <typename T>
-inline T nan_max(T a, T b) {  // torch.maximum: NaN wins (written without calls, so it vectorises)
-    return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a > b ? a : b);
-}
+using namespace xlstm_zoo;
 
 template <typename T>
 struct Problem {
@@ -192,23 +140,6 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
         std::copy(dc, dc + D, p.dc0 + row * D); std::copy(dn, dn + D, p.dn0 + row * D);
         std::copy(dm, dm + D, p.dm0 + row * D); std::copy(dh_rec, dh_rec + D, p.dh0 + row * D);
     }
-}
-
-// Rows are independent recurrences: split them over threads, one launch per call.
-template <typename P>
-void run(const P& p, void (*rows_fn)(const P&, int64_t, int64_t), int64_t threads) {
-    const int64_t rows = p.heads * p.batch;
-    threads = std::max<int64_t>(1, std::min(threads, rows));
-    if (threads == 1) {
-        rows_fn(p, 0, rows);
-        return;
-    }
-    std::vector<std::thread> pool;
-    const int64_t per = (rows + threads - 1) / threads;
-    for (int64_t start = per; start < rows; start += per)
-        pool.emplace_back(rows_fn, std::cref(p), start, std::min(rows, start + per));
-    rows_fn(p, 0, std::min(rows, per));  // this thread takes the first share
-    for (auto& worker : pool) worker.join();
 }
 
 template <typename T, bool ie, bool fe>

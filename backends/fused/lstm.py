@@ -11,7 +11,7 @@ from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major,
                                                  recurrent_weight_grad, state_in, state_out, to_time_major)
 from xlstm_zoo.backends.states import LSTMState
 
-__all__ = ["lstm_sequence"]
+__all__ = ["lstm_sequence", "run_sequence"]
 
 
 class _LSTMFunction(torch.autograd.Function):
@@ -70,6 +70,13 @@ class _LSTMFunction(torch.autograd.Function):
 
 def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
     """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
+    return run_sequence(wx, R, state, function=_LSTMFunction)
+
+
+def run_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None, *,
+                 function: type[torch.autograd.Function]) -> tuple[torch.Tensor, LSTMState]:
+    """:func:`lstm_sequence` with another autograd ``function`` (the same signature as ``_LSTMFunction``:
+    ``(wx, R, c0, h0) -> h, c_T, h_T`` in the compute dtype, e.g. the compiled C++ one)."""
     dh, dtype = head_dim(wx, R, "LSTM"), compute_dtype(wx)
     B, H, T = wx.shape[:3]
     if state is None:
@@ -77,5 +84,5 @@ def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = N
     c0, h0 = (s.to(dtype) for s in state)
     if T == 0:
         return wx.new_empty(B, H, 0, dh), LSTMState(c0, h0)
-    h, c, h_last = _LSTMFunction.apply(wx.to(dtype), R.to(dtype), c0, h0)
+    h, c, h_last = function.apply(wx.to(dtype), R.to(dtype), c0, h0)
     return h.to(wx.dtype), LSTMState(c, h_last)

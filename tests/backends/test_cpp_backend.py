@@ -1,4 +1,4 @@
-"""The ``cpp`` backend (the sLSTM forward and backward loops compiled from C++): low precision, its contracts
+"""The ``cpp`` backend (the sLSTM and LSTM forward and backward loops compiled from C++): low precision, its contracts
 with the fused loops, and its build: cache, vector-maths fallback, warn-once fallback when the compiler fails,
 dispatch. Float64 parity with the reference (outputs, states, every gradient) is in
 tests/backends/test_kernel_parity.py."""
@@ -161,7 +161,7 @@ def test_rejects_what_it_cannot_run():
 @needs_compiler
 def test_builds_once_and_reuses_the_cache(fresh_build, capfd):
     assert fresh_build.get()[1] is None
-    assert "compiling the C++ sLSTM loop" in capfd.readouterr().err
+    assert "compiling the C++ sLSTM/LSTM loops" in capfd.readouterr().err
     path = build.cache_path()
     assert path.is_file() and str(path).startswith(str(build.Path(build.os.environ["XLSTM_ZOO_CACHE_DIR"])))
     second = build.Build()  # another process: finds the cached library, prints nothing
@@ -187,7 +187,7 @@ def test_without_vector_maths_the_next_flag_set_builds(fresh_build, monkeypatch)
 def test_failed_build_warns_once_and_dispatch_falls_back(fresh_build, monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     wx, R = make_inputs(1, 2, 5, 3)
-    with pytest.warns(build.CppBuildWarning, match="falls back to the fused PyTorch loop"):
+    with pytest.warns(build.CppBuildWarning, match="fall back to the fused PyTorch loops"):
         assert select("slstm_sequence", torch.device("cpu"), torch.float32).name == "fused"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second call must not warn again
@@ -201,7 +201,7 @@ def test_failed_build_warns_once_and_dispatch_falls_back(fresh_build, monkeypatc
 def test_compiler_errors_are_reported_in_a_few_lines(fresh_build, monkeypatch, tmp_path):
     bad = tmp_path / "broken.cpp"
     bad.write_text("this is not C++\n")
-    monkeypatch.setattr(build, "SOURCE", bad)
+    monkeypatch.setattr(build, "SOURCES", (bad,))
     if build.environment_reason() is not None:
         pytest.skip(build.environment_reason())
     with pytest.warns(build.CppBuildWarning) as record:
@@ -215,7 +215,7 @@ def test_compiler_errors_are_reported_in_a_few_lines(fresh_build, monkeypatch, t
 def test_dispatch_prefers_cpp_on_cpu_only():
     assert select("slstm_sequence", torch.device("cpu"), torch.float32).name == "cpp"
     assert select("slstm_sequence", torch.device("cpu"), torch.bfloat16).name == "cpp"
-    assert select("lstm_sequence", torch.device("cpu"), torch.float32).name == "fused"
+    assert select("lstm_sequence", torch.device("cpu"), torch.float32).name == "cpp"
     assert not select("slstm_step", torch.device("cpu"), torch.float32).name == "cpp"
 
 
@@ -232,3 +232,55 @@ def test_state_roundtrip_continues_the_sequence():
     for a, b in zip(s2, s_all):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert isinstance(s2, SLSTMState)
+
+
+# -- the LSTM loops ------------------------------------------------------------------------------------
+
+@needs_compiler
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "state"])
+def test_lstm_matches_the_fused_loop_with_gradients(with_state):
+    """Outputs, final state and every gradient (W x, R, initial state) equal the fused PyTorch loop's, with
+    gradients reaching the final state too."""
+    from xlstm_zoo.backends.cpp.lstm import lstm_sequence as cpp_lstm
+    from xlstm_zoo.backends.fused.lstm import lstm_sequence as fused_lstm
+    from xlstm_zoo.backends.states import LSTMState
+
+    B, H, T, Dh = 3, 2, 17, 5
+    wx, R = make_inputs(B, H, T, Dh, dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    state = LSTMState(*(torch.randn(B, H, Dh, generator=g, dtype=torch.float64) for _ in range(2))) if with_state else None
+    weights = [torch.randn(B, H, T, Dh, generator=g, dtype=torch.float64)] + \
+              [torch.randn(B, H, Dh, generator=g, dtype=torch.float64) for _ in range(2)]
+
+    def run(fn):
+        leaves = [wx.clone().requires_grad_(), R.clone().requires_grad_()]
+        s = LSTMState(*(x.clone().requires_grad_() for x in state)) if with_state else None
+        h, final = fn(leaves[0], leaves[1], s)
+        loss = sum((a * w).sum() for a, w in zip([h, *final], weights))
+        inputs = leaves + (list(s) if with_state else [])
+        return [h, *final], torch.autograd.grad(loss, inputs)
+
+    (ours, our_grads), (theirs, their_grads) = run(cpp_lstm), run(fused_lstm)
+    for a, b in zip([*ours, *our_grads], [*theirs, *their_grads]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@needs_compiler
+def test_lstm_low_precision_and_threads():
+    from xlstm_zoo.backends.cpp.lstm import lstm_sequence as cpp_lstm
+    from xlstm_zoo.backends.reference.lstm import lstm_sequence as reference_lstm
+
+    wx, R = make_inputs(2, 4, 40, 8, dtype=torch.bfloat16)
+    h, s = cpp_lstm(wx, R, None)
+    h_ref, s_ref = reference_lstm(wx.double(), R.double(), None)
+    assert h.dtype == torch.bfloat16 and s.c.dtype == torch.float32
+    assert_close(h.double(), h_ref, kind="kernel", dtype=torch.bfloat16, what="h vs float64")
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            results.append(cpp_lstm(wx.float(), R.float(), None))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1].c, results[1][1].c)

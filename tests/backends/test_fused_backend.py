@@ -94,10 +94,12 @@ def test_dispatcher_picks_fused_on_cpu_and_reference_can_be_forced():
     from xlstm_zoo.backends.cpp.build import unavailable_reason
 
     cpu = torch.device("cpu")
-    # sLSTM goes to the compiled C++ loop where it builds (tests/backends/test_cpp_backend.py), else here.
-    assert ops.select("slstm_sequence", cpu, torch.float32).name == ("cpp" if unavailable_reason() is None else "fused")
+    # sLSTM and LSTM go to the compiled C++ loops where they build (tests/backends/test_cpp_backend.py), else here.
+    loops = "cpp" if unavailable_reason() is None else "fused"
+    assert ops.select("slstm_sequence", cpu, torch.float32).name == loops
     assert ops.select("slstm_sequence", cpu, torch.float32, force="fused").name == "fused"
-    assert ops.select("lstm_sequence", cpu, torch.float32).name == "fused"
+    assert ops.select("lstm_sequence", cpu, torch.float32).name == loops
+    assert ops.select("lstm_sequence", cpu, torch.float32, force="fused").name == "fused"
     for op in ("slstm_sequence", "lstm_sequence"):
         assert ops.select(op, cpu, torch.float32, force="reference").name == "reference"
     # Steps have no loop to fuse: they stay on the reference.

@@ -1,0 +1,88 @@
+// Shared by the C++ recurrent loops (slstm_loop.cpp, lstm_loop.cpp): vectorisable gate maths and the
+// split of independent (head, batch) rows over threads.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <thread>
+#include <vector>
+
+// The gate maths costs five to seven exp/log1p/tanh per unit and token, and scalar libm calls made them
+// 75% of the sLSTM loop's time. With XLSTM_ZOO_VECTOR_MATH (build.py tries it first) the loops over units are
+// vectorised and call glibc's SIMD versions of these functions (libmvec, within 4 ulp), declared here as
+// `omp declare simd` so that -fopenmp-simd can use them; -ffast-math would do the same but also drop
+// the NaN semantics that torch.maximum has and these loops keep.
+#ifdef XLSTM_ZOO_VECTOR_MATH
+extern "C" {
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+float log1pf(float);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#pragma omp declare simd notinbranch
+double log1p(double);
+#pragma omp declare simd notinbranch
+double tanh(double);
+}
+#define XLSTM_ZOO_SIMD _Pragma("omp simd")
+#else
+#define XLSTM_ZOO_SIMD
+#endif
+
+namespace xlstm_zoo {
+
+inline float vexp(float x) { return expf(x); }
+inline double vexp(double x) { return exp(x); }
+inline float vlog1p(float x) { return log1pf(x); }
+inline double vlog1p(double x) { return log1p(x); }
+inline float vtanh(float x) { return tanhf(x); }
+inline double vtanh(double x) { return tanh(x); }
+
+template <typename T>
+inline T log_sigmoid(T x) {
+    // torch.nn.functional.softplus(x, beta=-1) (the fused backend's log sigmoid): linear below -20.
+    return x < T(-20) ? x : -vlog1p(vexp(-x));
+}
+
+template <typename T>
+inline T sigmoid(T x) { return T(1) / (T(1) + vexp(-x)); }
+
+template <typename T, bool exponential>
+inline T log_gate(T pre) { return exponential ? pre : log_sigmoid(pre); }
+
+template <typename T>
+inline T nan_max(T a, T b) {  // torch.maximum: NaN wins (written without calls, so it vectorises)
+    return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a > b ? a : b);
+}
+
+// Below this many recurrent multiply-adds per thread a call stays on one thread: starting one costs tens
+// of microseconds, and on a busy machine a started thread may wait milliseconds for a core.
+constexpr int64_t kMinWorkPerThread = int64_t(1) << 22;
+
+// Rows are independent recurrences: threads claim them one at a time from a shared counter (so a thread
+// that starts late takes fewer), one launch per call. Each row's result is the same whichever thread runs it.
+template <typename P>
+void run(const P& p, void (*rows_fn)(const P&, int64_t, int64_t), int64_t threads) {
+    const int64_t rows = p.heads * p.batch, work = rows * p.steps * p.dim * p.dim * 4;
+    threads = std::max<int64_t>(1, std::min({threads, rows, work / kMinWorkPerThread}));
+    if (threads == 1) {
+        rows_fn(p, 0, rows);
+        return;
+    }
+    std::atomic<int64_t> next{0};
+    auto claim = [&]() {
+        for (int64_t row; (row = next.fetch_add(1)) < rows;) rows_fn(p, row, row + 1);
+    };
+    std::vector<std::thread> pool;
+    for (int64_t i = 1; i < threads; ++i) pool.emplace_back(claim);
+    claim();  // this thread works too
+    for (auto& worker : pool) worker.join();
+}
+
+}  // namespace xlstm_zoo

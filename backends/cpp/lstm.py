@@ -1,0 +1,59 @@
+"""Classic LSTM sequence with both time loops, forward and backward, in compiled C++ (:mod:`.build`).
+
+Same maths, layout, zero state and dtypes as the fused backend's LSTM (:mod:`xlstm_zoo.backends.fused.lstm`),
+whose :func:`~xlstm_zoo.backends.fused.lstm.run_sequence` wraps this autograd function. The forward keeps
+the gate pre-activations, so the backward needs no matmul for them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xlstm_zoo.backends.cpp.build import loop_function
+from xlstm_zoo.backends.fused.lstm import run_sequence
+from xlstm_zoo.backends.fused.time_major import (from_time_major, recurrent_weight_grad, state_in, state_out,
+                                                 to_time_major)
+from xlstm_zoo.backends.states import LSTMState
+
+__all__ = ["lstm_sequence"]
+
+
+def _pointer(x: torch.Tensor | None) -> int | None:
+    return None if x is None else x.data_ptr()
+
+
+class _CppLSTMFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, wx, R, c0, h0):
+        forward = loop_function("lstm_forward", wx)
+        W = to_time_major(wx, wx.dtype)
+        T, H, B, four_dh = W.shape
+        Dh = four_dh // 4
+        R = R.contiguous()
+        c0, h0 = (state_in(s).contiguous() for s in (c0, h0))
+        G = torch.empty_like(W)
+        Cs, Hs = (torch.empty(T + 1, H, B, Dh, dtype=W.dtype) for _ in range(2))
+        forward(W.data_ptr(), R.data_ptr(), c0.data_ptr(), h0.data_ptr(), G.data_ptr(), Cs.data_ptr(),
+                Hs.data_ptr(), T, H, B, Dh, torch.get_num_threads())
+        ctx.save_for_backward(G, R, Cs, Hs)
+        return from_time_major(Hs[1:]).contiguous(), state_out(Cs[T]), state_out(Hs[T])
+
+    @staticmethod
+    def backward(ctx, dh_all, dc_T, dh_T):
+        G, R, Cs, Hs = ctx.saved_tensors
+        backward = loop_function("lstm_backward", G)
+        T, H, B, four_dh = G.shape
+        Dh = four_dh // 4
+        Rt = R.transpose(1, 2).contiguous()
+        dH = to_time_major(dh_all, G.dtype) if dh_all is not None else None
+        dc_T, dh_T = (state_in(d).to(G.dtype).contiguous() if d is not None else None for d in (dc_T, dh_T))
+        dG = torch.empty_like(G)
+        dc0, dh0 = (torch.empty(H, B, Dh, dtype=G.dtype) for _ in range(2))
+        backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), _pointer(dH), _pointer(dc_T), _pointer(dh_T),
+                 dG.data_ptr(), dc0.data_ptr(), dh0.data_ptr(), T, H, B, Dh, torch.get_num_threads())
+        return from_time_major(dG), recurrent_weight_grad(Hs[:-1], dG), state_out(dc0), state_out(dh0)
+
+
+def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
+    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
+    return run_sequence(wx, R, state, function=_CppLSTMFunction)
