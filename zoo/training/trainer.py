@@ -68,6 +68,16 @@ def param_groups(model, weight_decay: float, no_decay_roles=()) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
+def adamw(groups: list[dict], lr: float, betas) -> torch.optim.AdamW:
+    """AdamW with torch's fused kernel where the parameters' device has one (CPU and CUDA): one kernel
+    instead of ~10 small ops per parameter tensor. On a formal-language quick cell (20k parameters in
+    38 tensors, 1 thread) the optimiser step went from 1.26 to 0.43 ms of a ~10 ms training step."""
+    try:
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+    except RuntimeError:  # e.g. a device without the fused kernel: the default implementation
+        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
 @torch.no_grad()
 def evaluate(model, task: Task, split: str, *, device="cpu", precision="fp32",
              ctx: DistContext = DistContext()) -> dict[str, float]:
@@ -119,7 +129,7 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
     torch.manual_seed(cfg.seed)
     task = build_task(recipe)
     model = build_model_for(recipe, task).to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), lr=cfg.lr, betas=cfg.betas)
+    optimizer = adamw(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), cfg.lr, cfg.betas)
     log = MetricsLog(run_dir / METRICS if run_dir and ctx.is_main else None)
     plain = not ctx.distributed and cfg.micro_batches == 1
     forward = model

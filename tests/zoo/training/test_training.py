@@ -122,3 +122,20 @@ def test_cli_train(tmp_path, capsys):
     assert main(["train", str(tmp_path / "toy.yaml"), "--set", "train.steps=4", "--out", str(tmp_path / "run")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] == 4 and (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_adamw_is_fused_where_the_device_has_the_kernel(monkeypatch):
+    from xlstm_zoo.training import trainer
+
+    groups = [{"params": [torch.nn.Parameter(torch.randn(3, 2))], "weight_decay": 0.1}]
+    assert trainer.adamw(groups, 1e-3, (0.9, 0.999)).defaults["fused"] is True
+    real = torch.optim.AdamW
+
+    def no_fused_kernel(*args, fused=None, **kwargs):
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused_kernel)
+    fallback = trainer.adamw([{"params": [torch.nn.Parameter(torch.randn(3, 2))]}], 1e-3, (0.9, 0.999))
+    assert not fallback.defaults["fused"]
