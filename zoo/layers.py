@@ -69,8 +69,14 @@ class CausalConv1d(nn.Module):
         if state is None:
             state = self.init_state(x.shape[0], x.device)
         window = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
-        y = F.conv1d(window.transpose(1, 2), self.weight.unsqueeze(1), self.bias, groups=self.weight.shape[0])
-        return y.transpose(1, 2), window[:, -(self.kernel_size - 1):].float()
+        # A sum of K shifted products rather than F.conv1d: oneDNN's depthwise conv (and above all its
+        # backward) costs several times more at these widths (1 thread: 0.57 -> 0.29 ms forward+backward
+        # at B=32 T=20 C=32, 7.9 -> 3.9 ms at B=4 T=1024 C=128).
+        T, weight = x.shape[1], self.weight.to(x.dtype)
+        y = torch.addcmul(self.bias.to(x.dtype), window[:, :T], weight[:, 0])
+        for k in range(1, self.kernel_size):
+            y = torch.addcmul(y, window[:, k:k + T], weight[:, k])
+        return y, window[:, window.shape[1] - (self.kernel_size - 1):].float()  # (a kernel of 1 keeps no inputs)
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         window = torch.cat([state.to(x_t.dtype), x_t.unsqueeze(1)], dim=1)  # [B, K, C]
