@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core
 from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core
 from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
@@ -81,7 +82,7 @@ def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int):
         qc, kc, vc = chunked(q), chunked(k), chunked(v)
         ic, fc = log_i[..., :full].unflatten(-1, (nc, L)), log_f[..., :full].unflatten(-1, (nc, L))
         (C_in, n_in, m_in), (C, n, m) = _chunk_boundary_states(kc, vc, ic, fc, C, n, m)
-        h, _ = parallel_core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps, return_state=False)
+        h = chunk_core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps)
         hs.append(h.flatten(-3, -2))
     if full < T:
         h, (C, n, m) = parallel_core(q[..., full:, :], k[..., full:, :], v[..., full:, :],
