@@ -17,6 +17,18 @@ from xlstm_zoo.backends.reference.mlstm.step import prepare, readout_denominator
 from xlstm_zoo.backends.states import MLSTMState
 
 
+LOG2_E = 1.4426950408889634
+
+
+def exp_via_exp2(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x)`` as ``exp2(x * log2(e))``: torch's CPU exp2 is ~2.7x faster than exp (fp32, AVX-512).
+
+    Rounding the product adds a relative error of at most ``|x| * 2^-23`` to the result, i.e. an
+    absolute error below ``max_x e^x |x| 2^-23 = 4.4e-8`` for the x <= 0 used here: exp's own
+    rounding size. Returns a new tensor (x is kept by the callers)."""
+    return (x * LOG2_E).exp2_()
+
+
 def log_decay_matrix(log_i: torch.Tensor, log_f: torch.Tensor) -> torch.Tensor:
     """``D [..., T, T]``: ``D_ts`` for s <= t, -inf above the diagonal. ``log_f`` must be finite."""
     T = log_f.shape[-1]
@@ -57,7 +69,7 @@ def parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, inplace: bo
     m = torch.maximum(log_d.amax(-1), log_w0)                     # [..., T] row stabiliser
     # x is kept apart from d: x == 0 marks exactly the entries equal to the row maximum.
     x = log_d.sub_(m.unsqueeze(-1)) if inplace else log_d - m.unsqueeze(-1)
-    d = x.exp()                                                   # masked entries -> exactly 0
+    d = exp_via_exp2(x)                                           # masked entries -> exactly 0
     lw0x = log_w0 - m
     w0 = torch.exp(lw0x)
     qk = q @ k.transpose(-2, -1)
