@@ -1,8 +1,10 @@
 """Reference mLSTM ops in pure PyTorch: recurrent, parallel and chunkwise forms.
 
-All three forms compute the same function, differentiable with plain autograd (inputs and the
-initial state). Inputs are cast to ``promote_types(v.dtype, float32)`` (fp32 for half precision,
-float64 stays float64); ``h`` comes back in ``v``'s dtype, the state in the compute dtype.
+All three forms compute the same function, differentiable (inputs and the initial state): plain
+autograd, except the chunkwise form's intra-chunk core, whose backward is written out in
+``chunkwise_backward.py`` (the same gradient, tested against autograd and with gradcheck).
+Inputs are cast to ``promote_types(v.dtype, float32)`` (fp32 for half precision, float64 stays
+float64); ``h`` comes back in ``v``'s dtype, the state in the compute dtype.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core
 from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core
 from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
@@ -33,19 +34,20 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     # The chunk-level recurrence S_c = f_c S_{c-1} + a_c X_c (a whole chunk as the "token") in its
     # parallel form: the same decay matrix and running-max stabiliser as parallel.py, over chunks.
     # One small [NC, NC] matmul instead of a Python loop of NC steps (20% of the op's forward).
+    # Row 0 is the state entering chunk 0 (the initial state alone: its chunk row is all -inf), so
+    # row c is the state entering chunk c and the last row the final state, with no copies (cat).
     log_d = log_decay_matrix(log_a_max, chunk_log_f)                # [..., NC, NC]
-    log_w0 = chunk_log_f.cumsum(-1) + m.unsqueeze(-1)               # [..., NC] weight of the initial state
-    m_after = torch.maximum(log_d.amax(-1), log_w0)                 # [..., NC] stabiliser after each chunk
-    w = (log_d - m_after.unsqueeze(-1)).exp_()
-    w0 = torch.exp(log_w0 - m_after)
-    C_after = torch.addcmul((w @ C_chunk.flatten(-2)).unflatten(-1, C_chunk.shape[-2:]),
-                            w0[..., None, None], C.unsqueeze(-3))   # [..., NC, Dk, Dv]
-    n_after = torch.addcmul(w @ n_chunk, w0.unsqueeze(-1), n.unsqueeze(-2))
-    # The state entering chunk c is the one after chunk c - 1 (the initial state for c = 0).
-    C_in = torch.cat([C.unsqueeze(-3), C_after[..., :-1, :, :]], dim=-3)
-    n_in = torch.cat([n.unsqueeze(-2), n_after[..., :-1, :]], dim=-2)
-    m_in = torch.cat([m.unsqueeze(-1), m_after[..., :-1]], dim=-1)
-    C, n, m = C_after[..., -1, :, :], n_after[..., -1, :], m_after[..., -1]
+    log_d = torch.cat([torch.full_like(log_d[..., :1, :], float("-inf")), log_d], dim=-2)
+    log_w0 = torch.cat([torch.zeros_like(chunk_log_f[..., :1]), chunk_log_f.cumsum(-1)], dim=-1) \
+        + m.unsqueeze(-1)                                           # [..., NC + 1] weight of the initial state
+    m_all = torch.maximum(log_d.amax(-1), log_w0)                   # [..., NC + 1] stabiliser
+    w = (log_d - m_all.unsqueeze(-1)).exp_()
+    w0 = torch.exp(log_w0 - m_all)
+    C_all = torch.addcmul((w @ C_chunk.flatten(-2)).unflatten(-1, C_chunk.shape[-2:]),
+                          w0[..., None, None], C.unsqueeze(-3))     # [..., NC + 1, Dk, Dv]
+    n_all = torch.addcmul(w @ n_chunk, w0.unsqueeze(-1), n.unsqueeze(-2))
+    C_in, n_in, m_in = C_all[..., :-1, :, :], n_all[..., :-1, :], m_all[..., :-1]
+    C, n, m = C_all[..., -1, :, :], n_all[..., -1, :], m_all[..., -1]
     return (C_in, n_in, m_in), (C, n, m)
 
 
@@ -81,7 +83,7 @@ def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int):
         qc, kc, vc = chunked(q), chunked(k), chunked(v)
         ic, fc = log_i[..., :full].unflatten(-1, (nc, L)), log_f[..., :full].unflatten(-1, (nc, L))
         (C_in, n_in, m_in), (C, n, m) = _chunk_boundary_states(kc, vc, ic, fc, C, n, m)
-        h, _ = parallel_core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps, return_state=False)
+        h = chunk_core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps)
         hs.append(h.flatten(-3, -2))
     if full < T:
         h, (C, n, m) = parallel_core(q[..., full:, :], k[..., full:, :], v[..., full:, :],

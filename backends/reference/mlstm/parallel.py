@@ -8,11 +8,25 @@ stabilised readout, and the final state taken from the last row, match the recur
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
-from xlstm_zoo.backends.reference.mlstm.step import prepare, readout
+from xlstm_zoo.backends.reference.mlstm.step import prepare, readout_denominator
 from xlstm_zoo.backends.states import MLSTMState
+
+
+LOG2_E = 1.4426950408889634
+
+
+def exp_via_exp2(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x)`` as ``exp2(x * log2(e))``: torch's CPU exp2 is ~2.7x faster than exp (fp32, AVX-512).
+
+    Rounding the product adds a relative error of at most ``|x| * 2^-23`` to the result, i.e. an
+    absolute error below ``max_x e^x |x| 2^-23 = 4.4e-8`` for the x <= 0 used here: exp's own
+    rounding size. Returns a new tensor (x is kept by the callers)."""
+    return (x * LOG2_E).exp2_()
 
 
 def log_decay_matrix(log_i: torch.Tensor, log_f: torch.Tensor) -> torch.Tensor:
@@ -29,27 +43,59 @@ def log_decay_matrix(log_i: torch.Tensor, log_f: torch.Tensor) -> torch.Tensor:
     return seg.add_(log_i.unsqueeze(-2)).add_(above)
 
 
-def parallel_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, return_state: bool = True):
-    """Prepared tensors with any leading dims ``[..., T, D]`` and an initial state ``C0 [..., Dk, Dv]``,
-    ``n0 [..., Dk]``, ``m0 [...]``. Returns ``h [..., T, Dv]`` and the final ``(C, n, m)`` (or None)."""
+class ParallelTerms(NamedTuple):
+    """The parallel form's intermediates (shapes for ``[..., T, D]`` inputs)."""
+
+    x: torch.Tensor        # [..., T, T] log decay minus the row stabiliser (-inf above the diagonal)
+    d: torch.Tensor        # [..., T, T] exp(x)
+    scores: torch.Tensor   # [..., T, T] (q k^T) * d
+    q_c0: torch.Tensor     # [..., T, Dv] q C0
+    q_n0: torch.Tensor     # [..., T] q . n0
+    lw0x: torch.Tensor     # [..., T] log weight of the initial state minus m
+    w0: torch.Tensor       # [..., T] exp(lw0x)
+    m: torch.Tensor        # [..., T] row stabiliser
+    qn: torch.Tensor       # [..., T] stabilised q . n
+    den: torch.Tensor      # [..., T] readout denominator
+    h: torch.Tensor        # [..., T, Dv]
+
+
+def parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, inplace: bool = False) -> ParallelTerms:
+    """The parallel form with an initial state, keeping what a hand-written backward needs.
+
+    ``inplace`` reuses the T x T buffers (fewer passes over fresh memory); only valid where no
+    autograd graph is recorded through these ops."""
     log_d = log_decay_matrix(log_i, log_f)                         # [..., T, T]
     log_w0 = log_f.cumsum(-1) + m0.unsqueeze(-1)                  # [..., T] initial-state weight
     m = torch.maximum(log_d.amax(-1), log_w0)                     # [..., T] row stabiliser
-    d = (log_d - m.unsqueeze(-1)).exp_()                          # masked entries -> exactly 0
-    w0 = torch.exp(log_w0 - m)
-    scores = (q @ k.transpose(-2, -1)) * d
-    num = torch.addcmul(scores @ v, w0.unsqueeze(-1), q @ C0)
-    qn = torch.addcmul(scores.sum(-1), w0, (q @ n0.unsqueeze(-1)).squeeze(-1))
-    h = readout(num, qn, m, eps)
+    # x is kept apart from d: x == 0 marks exactly the entries equal to the row maximum.
+    x = log_d.sub_(m.unsqueeze(-1)) if inplace else log_d - m.unsqueeze(-1)
+    d = exp_via_exp2(x)                                           # masked entries -> exactly 0
+    lw0x = log_w0 - m
+    w0 = torch.exp(lw0x)
+    qk = q @ k.transpose(-2, -1)
+    scores = qk.mul_(d) if inplace else qk * d
+    q_c0 = q @ C0
+    q_n0 = (q * n0.unsqueeze(-2)).sum(-1)                        # a matvec: bmm is 4x slower
+    num = torch.addcmul(scores @ v, w0.unsqueeze(-1), q_c0)
+    qn = torch.addcmul(scores.sum(-1), w0, q_n0)
+    den = readout_denominator(qn, m, eps)
+    h = num / den.unsqueeze(-1)
+    return ParallelTerms(x, d, scores, q_c0, q_n0, lw0x, w0, m, qn, den, h)
+
+
+def parallel_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, return_state: bool = True):
+    """Prepared tensors with any leading dims ``[..., T, D]`` and an initial state ``C0 [..., Dk, Dv]``,
+    ``n0 [..., Dk]``, ``m0 [...]``. Returns ``h [..., T, Dv]`` and the final ``(C, n, m)`` (or None)."""
+    terms = parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps, inplace=not torch.is_grad_enabled())
     if not return_state:
-        return h, None
-    m_last = m[..., -1]
-    w_last = torch.exp(log_d[..., -1, :] - m_last.unsqueeze(-1))  # [..., T] weights of the last row
-    w0_last = w0[..., -1]
+        return terms.h, None
+    m_last = terms.m[..., -1]
+    w_last = terms.d[..., -1, :]                                  # [..., T] weights of the last row
+    w0_last = terms.w0[..., -1]
     k_w = k * w_last.unsqueeze(-1)
     C = w0_last[..., None, None] * C0 + k_w.transpose(-2, -1) @ v
     n = w0_last[..., None] * n0 + k_w.sum(-2)
-    return h, (C, n, m_last)
+    return terms.h, (C, n, m_last)
 
 
 def mlstm_parallel(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),

@@ -28,10 +28,14 @@ def readout_floor(m: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.clamp(-m, max=FLOOR_LOG_MAX))
 
 
+def readout_denominator(qn: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:
+    """``max(|q.n|, exp(-m)) + eps``; ``qn, m [...]``."""
+    return torch.maximum(qn.abs(), readout_floor(m)) + eps
+
+
 def readout(num: torch.Tensor, qn: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:
     """``h = num / (max(|q.n|, exp(-m)) + eps)``; ``num [..., Dv]``, ``qn, m [...]``."""
-    den = torch.maximum(qn.abs(), readout_floor(m)) + eps
-    return num / den.unsqueeze(-1)
+    return num / readout_denominator(qn, m, eps).unsqueeze(-1)
 
 
 def initial_state(state: MLSTMState | None, lead: tuple[int, ...], dk: int, dv: int,

@@ -1,0 +1,109 @@
+"""Hand-written backward for the chunkwise form's intra-chunk core.
+
+Autograd through :func:`parallel_terms` keeps and walks a long chain of ``[..., L, L]``
+intermediates (mask multiply, cumsum, adds, max, exp, products). Here the forward keeps only the
+few it has anyway (``x = log D - m``, ``d = exp(x)``, the scores) and the backward is the chain
+rule written out, with the same conventions as autograd where the function is not smooth:
+
+- ``m = max(max_s log D_ts, log w0_t)``: the gradient of ``m`` goes to the maximal terms; ties
+  between the two arguments of ``maximum`` split it in halves, ties inside ``amax`` evenly.
+- ``den = max(|q.n|, exp(clamp(-m, max=80))) + eps``: halves at ties, ``sgn(0) = 0`` for ``abs``
+  and no gradient through the clamp where it is active.
+
+The gradient is that of the forward as defined (stabiliser and readout floor included), so it
+matches autograd through :func:`parallel_core` up to rounding; tests check both and gradcheck.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xlstm_zoo.backends.reference.mlstm.parallel import parallel_terms
+from xlstm_zoo.backends.reference.mlstm.step import FLOOR_LOG_MAX, readout_floor
+
+
+class _ChunkCore(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, log_i, log_f, C0, n0, m0, eps):
+        t = parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps, inplace=True)
+        ctx.save_for_backward(q, k, v, C0, n0, t.x, t.d, t.scores, t.q_c0, t.q_n0, t.lw0x, t.w0, t.m, t.qn,
+                              t.den, t.h)
+        return t.h
+
+    @staticmethod
+    def backward(ctx, dh):
+        q, k, v, C0, n0, x, d, scores, q_c0, q_n0, lw0x, w0, m, qn, den, h = ctx.saved_tensors
+        dnum, dqn, dm = _readout_backward(dh, h, den, qn, m)
+
+        # Initial-state terms: num += w0 * (q C0), qn += w0 * (q . n0).
+        dw0 = (dnum * q_c0).sum(-1) + dqn * q_n0
+        dq_c0 = dnum * w0.unsqueeze(-1)
+        dq_n0 = dqn * w0
+        dC0 = q.transpose(-2, -1) @ dq_c0
+        dn0 = (q * dq_n0.unsqueeze(-1)).sum(-2)                        # a matvec: bmm is 4x slower
+        dq = torch.addcmul(dq_c0 @ C0.transpose(-2, -1), dq_n0.unsqueeze(-1), n0.unsqueeze(-2))
+
+        # Intra-chunk terms: num += scores @ v, qn += scores.sum(-1), scores = (q k^T) * d.
+        d_scores = (dnum @ v.transpose(-2, -1)).add_(dqn.unsqueeze(-1))
+        dv = scores.transpose(-2, -1) @ dnum
+        d_qk = d_scores * d
+        dq += d_qk @ k
+        dk = d_qk.transpose(-2, -1) @ q
+        # d = exp(log D - m): d loss / d log D = d_scores * qk * d = d_scores * scores.
+        d_log_d = d_scores.mul_(scores)
+        d_lw0 = dw0 * w0
+        dm -= d_log_d.sum(-1) + d_lw0
+        d_lw0 += _route_to_maxima(dm, x, lw0x, d_log_d)
+
+        dlog_i = d_log_d.sum(-2)
+        dlog_f = _segment_sums_backward(d_log_d) + _reverse_cumsum(d_lw0)
+        dm0 = d_lw0.sum(-1)
+        return dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0, None
+
+
+def _readout_backward(dh, h, den, qn, m):
+    """``h = num / den``, ``den = max(|qn|, floor(m)) + eps`` -> ``(dnum, dqn, dm)`` (m: floor only)."""
+    dnum = dh / den.unsqueeze(-1)
+    d_den = -(dh * h).sum(-1) / den
+    abs_qn, floor = qn.abs(), readout_floor(m)
+    split = torch.where(abs_qn == floor, d_den / 2, d_den)
+    dqn = split.masked_fill(abs_qn < floor, 0) * qn.sgn()
+    d_floor = split.masked_fill(abs_qn > floor, 0)
+    dm = -(d_floor * floor).masked_fill_(-m > FLOOR_LOG_MAX, 0)  # floor = exp(clamp(-m, max=80))
+    return dnum, dqn, dm
+
+
+def _route_to_maxima(dm, x, lw0x, d_log_d):
+    """``m = maximum(amax_s log D, log w0)``: add ``dm``'s share to ``d_log_d`` in place, return
+    the initial-state term's share. ``x == 0`` / ``lw0x == 0`` mark exactly the terms equal to m.
+
+    The maxima are about one entry per row, so they are gathered as indices and added sparsely:
+    dense masks cost several passes over the [..., L, L] tensors (memory-bound here)."""
+    at_max = (x == 0).nonzero(as_tuple=True)                       # indices of every maximal entry
+    rows = at_max[:-1]
+    count = torch.zeros_like(dm).index_put_(rows, torch.ones_like(at_max[-1], dtype=dm.dtype), accumulate=True)
+    amax_wins, w0_wins = count > 0, lw0x == 0
+    split = torch.where(amax_wins & w0_wins, dm / 2, dm)
+    d_amax = split.masked_fill(~amax_wins, 0) / count.clamp(min=1)
+    d_log_d.index_put_(at_max, d_amax[rows], accumulate=True)
+    return split.masked_fill(~w0_wins, 0)
+
+
+def _segment_sums_backward(g):
+    """Backward of ``seg_ts = sum_{s < r <= t} log f_r`` (the decay matrix without log i):
+    ``dlog_f_r = sum_{t >= r} sum_{s < r} g_ts``: prefix sums along rows (plain sums, no
+    differences), the entries with t > r - 1 kept, column sums shifted by one."""
+    L = g.shape[-1]
+    below = torch.ones(L, L, dtype=g.dtype, device=g.device).tril(-1)   # [t, r']: t > r'
+    sums = g.cumsum(-1).mul_(below).sum(-2)                             # [r'] = r - 1
+    return torch.nn.functional.pad(sums[..., :-1], (1, 0))
+
+
+def _reverse_cumsum(x):
+    return x.flip(-1).cumsum(-1).flip(-1)
+
+
+def chunk_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float):
+    """``parallel_core(..., return_state=False)`` for chunked tensors ``[..., NC, L, D]`` with the
+    hand-written backward above. Returns ``h [..., NC, L, Dv]``."""
+    return _ChunkCore.apply(q, k, v, log_i, log_f, C0, n0, m0, eps)
