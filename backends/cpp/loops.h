@@ -61,6 +61,36 @@ inline T nan_max(T a, T b) {  // torch.maximum: NaN wins (written without calls,
     return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a > b ? a : b);
 }
 
+// g = w + h_prev R for one row: R is [D, 4D] row-major, so the inner loop is an axpy that vectorises.
+template <typename T>
+inline void preactivations(T* __restrict g, const T* w, const T* __restrict h, const T* R, int64_t D) {
+    const int64_t D4 = 4 * D;
+    std::copy(w, w + D4, g);
+    for (int64_t k = 0; k < D; ++k) {
+        const T hk = h[k];
+        const T* r = R + k * D4;
+        for (int64_t j = 0; j < D4; ++j) g[j] += hk * r[j];
+    }
+}
+
+// dh_prev = dg R^T for one row, as axpys over the rows of Rt = R^T ([4D, D] row-major).
+template <typename T>
+inline void recurrent_input_grad(T* __restrict dh, const T* __restrict dg, const T* Rt, int64_t D) {
+    std::fill(dh, dh + D, T(0));
+    for (int64_t j = 0; j < 4 * D; ++j) {
+        const T dgj = dg[j];
+        const T* r = Rt + j * D;
+        for (int64_t k = 0; k < D; ++k) dh[k] += dgj * r[k];
+    }
+}
+
+// A row's slice of an optional [rows, D] input (null: zeros).
+template <typename T>
+inline void load_row(T* to, const T* from, int64_t row, int64_t D) {
+    if (from) std::copy(from + row * D, from + (row + 1) * D, to);
+    else std::fill(to, to + D, T(0));
+}
+
 // Below this many recurrent multiply-adds per thread a call stays on one thread: starting one costs tens
 // of microseconds, and on a busy machine a started thread may wait milliseconds for a core.
 constexpr int64_t kMinWorkPerThread = int64_t(1) << 22;

@@ -35,13 +35,7 @@ void forward_rows(const Problem<T>& p, int64_t row_begin, int64_t row_end) {
         std::copy(c, c + D, p.C + row * D);
         std::copy(h, h + D, p.Hs + row * D);
         for (int64_t t = 0; t < p.steps; ++t) {
-            const T* w = p.W + (t * rows + row) * D4;
-            std::copy(w, w + D4, g);
-            for (int64_t k = 0; k < D; ++k) {  // g += h_prev R[head]
-                const T hk = h[k];
-                const T* r = R + k * D4;
-                for (int64_t j = 0; j < D4; ++j) g[j] += hk * r[j];
-            }
+            preactivations(g, p.W + (t * rows + row) * D4, h, R, D);
             std::copy(g, g + D4, p.G + (t * rows + row) * D4);
             XLSTM_ZOO_SIMD
             for (int64_t j = 0; j < D; ++j) {
@@ -68,8 +62,8 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
     T *__restrict dc = dc_buf.data(), *__restrict dh_rec = dh_buf.data(), *__restrict dg = dg_buf.data();
     for (int64_t row = row_begin; row < row_end; ++row) {
         const T* Rt = p.Rt + (row / p.batch) * D4 * D;
-        if (p.dcT) std::copy(p.dcT + row * D, p.dcT + (row + 1) * D, dc); else std::fill(dc, dc + D, T(0));
-        if (p.dhT) std::copy(p.dhT + row * D, p.dhT + (row + 1) * D, dh_rec); else std::fill(dh_rec, dh_rec + D, T(0));
+        load_row(dc, p.dcT, row, D);
+        load_row(dh_rec, p.dhT, row, D);
         for (int64_t t = p.steps - 1; t >= 0; --t) {
             if (p.dH) {
                 const T* dh_out = p.dH + (t * rows + row) * D;
@@ -89,12 +83,7 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
                 dc[j] = dct * f;
             }
             std::copy(dg, dg + D4, p.dG + (t * rows + row) * D4);
-            std::fill(dh_rec, dh_rec + D, T(0));
-            for (int64_t j = 0; j < D4; ++j) {  // dh_prev = dg R^T
-                const T dgj = dg[j];
-                const T* r = Rt + j * D;
-                for (int64_t k = 0; k < D; ++k) dh_rec[k] += dgj * r[k];
-            }
+            recurrent_input_grad(dh_rec, dg, Rt, D);
         }
         std::copy(dc, dc + D, p.dc0 + row * D);
         std::copy(dh_rec, dh_rec + D, p.dh0 + row * D);

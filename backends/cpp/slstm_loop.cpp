@@ -49,13 +49,7 @@ void forward_rows(const Problem<T>& p, int64_t row_begin, int64_t row_end) {
             p.M[row * D + j] = m[j]; p.Hs[row * D + j] = h[j];
         }
         for (int64_t t = 0; t < p.steps; ++t) {
-            const T* w = p.W + (t * rows + row) * D4;
-            std::copy(w, w + D4, g);
-            for (int64_t k = 0; k < D; ++k) {  // g += h_prev R[head]: the inner loop vectorises
-                const T hk = h[k];
-                const T* r = R + k * D4;
-                for (int64_t j = 0; j < D4; ++j) g[j] += hk * r[j];
-            }
+            preactivations(g, p.W + (t * rows + row) * D4, h, R, D);
             std::copy(g, g + D4, p.G + (t * rows + row) * D4);
             XLSTM_ZOO_SIMD
             for (int64_t j = 0; j < D; ++j) {
@@ -93,13 +87,10 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
     std::vector<T> dc_buf(D), dn_buf(D), dm_buf(D), dh_buf(D), dg_buf(D4);
     T *__restrict dc = dc_buf.data(), *__restrict dn = dn_buf.data(), *__restrict dm = dm_buf.data(),
       *__restrict dh_rec = dh_buf.data(), *__restrict dg = dg_buf.data();
-    auto start = [&](T* to, const T* from, int64_t row) {
-        if (from) std::copy(from + row * D, from + (row + 1) * D, to);
-        else std::fill(to, to + D, T(0));
-    };
     for (int64_t row = row_begin; row < row_end; ++row) {
         const T* Rt = p.Rt + (row / p.batch) * D4 * D;
-        start(dc, p.dcT, row); start(dn, p.dnT, row); start(dm, p.dmT, row); start(dh_rec, p.dhT, row);
+        load_row(dc, p.dcT, row, D); load_row(dn, p.dnT, row, D);
+        load_row(dm, p.dmT, row, D); load_row(dh_rec, p.dhT, row, D);
         for (int64_t t = p.steps - 1; t >= 0; --t) {
             if (p.dH) {
                 const T* dh_out = p.dH + (t * rows + row) * D;
@@ -130,12 +121,7 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
                 dc[j] = dct * f_s; dn[j] = dnt * f_s; dm[j] = da;
             }
             std::copy(dg, dg + D4, p.dG + (t * rows + row) * D4);
-            std::fill(dh_rec, dh_rec + D, T(0));
-            for (int64_t j = 0; j < D4; ++j) {  // dh_prev = dg R^T, as axpys over R^T's rows
-                const T dgj = dg[j];
-                const T* r = Rt + j * D;
-                for (int64_t k = 0; k < D; ++k) dh_rec[k] += dgj * r[k];
-            }
+            recurrent_input_grad(dh_rec, dg, Rt, D);
         }
         std::copy(dc, dc + D, p.dc0 + row * D); std::copy(dn, dn + D, p.dn0 + row * D);
         std::copy(dm, dm + D, p.dm0 + row * D); std::copy(dh_rec, dh_rec + D, p.dh0 + row * D);
