@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import compiler
+from xlstm_zoo.backends.cpp.build import built_with, compiler
 from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, select
 from xlstm_zoo.backends.kernel import SHAPES
 from xlstm_zoo.backends.triton import triton_missing_reason
@@ -66,7 +66,10 @@ def _nvcc() -> str:
 
 def _cxx() -> str:
     found = compiler()
-    return f"{found} (builds the cpp backend's sLSTM loop)" if found else "not found (install g++ or set CXX for the cpp backend)"
+    if not found:
+        return "not found (install g++ or set CXX for the cpp backend)"
+    how = built_with()
+    return f"{found} (builds the cpp backend's sLSTM/LSTM loops; " + (f"built: {how})" if how else "not built yet)")
 
 
 @dataclass

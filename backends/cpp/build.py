@@ -3,7 +3,7 @@
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
 ``$XLSTM_ZOO_CACHE_DIR/cpp``). The cache key holds a hash of the sources, the flags, the compiler and
-this CPU, because the library is built for the CPU it runs on (``-march=native``). A failed build warns
+this CPU (and of this file), because the library is built for the CPU it runs on (``-march=native``). A failed build warns
 once (:class:`CppBuildWarning`, with the compiler's own error lines) and the dispatcher falls back to the
 next backend; the user's run goes on.
 """
@@ -72,7 +72,7 @@ def cache_path() -> Path:
     root = os.environ.get("XLSTM_ZOO_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "xlstm_zoo"
     digest = hashlib.sha256()
-    for part in (*(f.read_bytes() for f in (*SOURCES, *HEADERS)), str(compiler()).encode(), repr(FLAG_SETS).encode(), platform.machine().encode(),
+    for part in (*(f.read_bytes() for f in (*SOURCES, *HEADERS, Path(__file__))), str(compiler()).encode(), repr(FLAG_SETS).encode(), platform.machine().encode(),
                  _cpu_fingerprint().encode()):
         digest.update(part)
     return base / "cpp" / digest.hexdigest()[:16] / LIBRARY
@@ -89,6 +89,7 @@ def _compile(target: Path) -> None:
             proc = subprocess.run([compiler(), *BASE_FLAGS, *flags, *map(str, SOURCES), "-o", tmp, *libraries],
                                   capture_output=True, text=True, timeout=300)
             if proc.returncode == 0:
+                flags_file(target).write_text(" ".join(flags + libraries) + "\n")
                 os.replace(tmp, target)
                 return
             errors.append((proc.stderr or proc.stdout).strip())
@@ -96,6 +97,23 @@ def _compile(target: Path) -> None:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     raise RuntimeError(first_error(errors[-1]))
+
+
+def flags_file(library_path: Path) -> Path:
+    """Beside the library: the flags that built it (doctor says whether the gate maths is vectorised)."""
+    return library_path.with_suffix(".flags")
+
+
+def built_with() -> str | None:
+    """How the cached library for this machine was built ("vector maths" or "plain"), None if not built."""
+    path = cache_path()
+    if not path.is_file():
+        return None
+    try:
+        flags = flags_file(path).read_text().split()
+    except OSError:
+        return "unknown flags"
+    return "vector maths (glibc libmvec)" if VECTOR_MATH[0] in flags else "plain (no vector maths library)"
 
 
 def first_error(output: str, max_lines: int = 3) -> str:

@@ -164,6 +164,7 @@ def test_builds_once_and_reuses_the_cache(fresh_build, capfd):
     assert "compiling the C++ sLSTM/LSTM loops" in capfd.readouterr().err
     path = build.cache_path()
     assert path.is_file() and str(path).startswith(str(build.Path(build.os.environ["XLSTM_ZOO_CACHE_DIR"])))
+    assert build.built_with() in ("vector maths (glibc libmvec)", "plain (no vector maths library)")
     second = build.Build()  # another process: finds the cached library, prints nothing
     assert second.get()[1] is None
     assert "compiling" not in capfd.readouterr().err
@@ -179,6 +180,7 @@ def test_without_vector_maths_the_next_flag_set_builds(fresh_build, monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fresh_build.get()[1] is None
+    assert build.built_with().startswith("plain")  # what `xlstm-zoo doctor` reports
     wx, R = make_inputs(2, 2, 7, 3, dtype=torch.float64)
     h, _ = ops.slstm_sequence(wx, R, None, gates=GateSchemes(), backend="cpp")
     torch.testing.assert_close(h, reference_slstm(wx, R, None, gates=GateSchemes())[0], rtol=1e-12, atol=1e-12)
