@@ -43,11 +43,18 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     m_all = torch.maximum(log_d.amax(-1), log_w0)                   # [..., NC + 1] stabiliser
     w = (log_d - m_all.unsqueeze(-1)).exp_()
     w0 = torch.exp(log_w0 - m_all)
-    C_all = torch.addcmul((w @ C_chunk.flatten(-2)).unflatten(-1, C_chunk.shape[-2:]),
-                          w0[..., None, None], C.unsqueeze(-3))     # [..., NC + 1, Dk, Dv]
-    n_all = torch.addcmul(w @ n_chunk, w0.unsqueeze(-1), n.unsqueeze(-2))
-    C_in, n_in, m_in = C_all[..., :-1, :, :], n_all[..., :-1, :], m_all[..., :-1]
-    C, n, m = C_all[..., -1, :, :], n_all[..., -1, :], m_all[..., -1]
+    # The entering states as their own tensors (a slice [..., :-1, :, :] of one [..., NC + 1, Dk, Dv]
+    # tensor is not contiguous over the batch dims: every matmul with it, forward and backward,
+    # copied it first). The final state is one recurrent step from the last entering state.
+    w_in, w0_in = w[..., :-1, :], w0[..., :-1]
+    C_in = torch.addcmul((w_in @ C_chunk.flatten(-2)).unflatten(-1, C_chunk.shape[-2:]),
+                         w0_in[..., None, None], C.unsqueeze(-3))  # [..., NC, Dk, Dv]
+    n_in = torch.addcmul(w_in @ n_chunk, w0_in.unsqueeze(-1), n.unsqueeze(-2))
+    m_in, m = m_all[..., :-1], m_all[..., -1]
+    f_act = torch.exp(m_in[..., -1] + chunk_log_f[..., -1] - m)      # weight of the last entering state
+    a_act = torch.exp(log_a_max[..., -1] - m)                       # weight of the last chunk's terms
+    C = torch.addcmul(f_act[..., None, None] * C_in[..., -1, :, :], a_act[..., None, None], C_chunk[..., -1, :, :])
+    n = torch.addcmul(f_act.unsqueeze(-1) * n_in[..., -1, :], a_act.unsqueeze(-1), n_chunk[..., -1, :])
     return (C_in, n_in, m_in), (C, n, m)
 
 
