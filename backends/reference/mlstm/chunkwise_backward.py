@@ -77,15 +77,15 @@ def _route_to_maxima(dm, x, lw0x, d_log_d):
     """``m = maximum(amax_s log D, log w0)``: add ``dm``'s share to ``d_log_d`` in place, return
     the initial-state term's share. ``x == 0`` / ``lw0x == 0`` mark exactly the terms equal to m.
 
-    The maxima are about one entry per row, so they are gathered as indices and added sparsely:
-    dense masks cost several passes over the [..., L, L] tensors (memory-bound here)."""
-    at_max = (x == 0).nonzero(as_tuple=True)                       # indices of every maximal entry
-    rows = at_max[:-1]
-    count = torch.zeros_like(dm).index_put_(rows, torch.ones_like(at_max[-1], dtype=dm.dtype), accumulate=True)
+    The maximal entries are marked by ``sign(x) + 1`` (x <= 0 everywhere, -inf above the
+    diagonal): two cheap float passes, where ``x == 0`` (a bool pass) and ``nonzero`` cost ~6x
+    as much on CPU; the mark is then one ``addcmul_`` into ``d_log_d``."""
+    at_max = torch.sign(x).add_(1)                                 # 1 at the maxima, else 0
+    count = at_max.sum(-1)
     amax_wins, w0_wins = count > 0, lw0x == 0
     split = torch.where(amax_wins & w0_wins, dm / 2, dm)
     d_amax = split.masked_fill(~amax_wins, 0) / count.clamp(min=1)
-    d_log_d.index_put_(at_max, d_amax[rows], accumulate=True)
+    d_log_d.addcmul_(at_max, d_amax.unsqueeze(-1))
     return split.masked_fill(~w0_wins, 0)
 
 
