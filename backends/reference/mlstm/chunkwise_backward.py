@@ -64,7 +64,7 @@ class _ChunkCore(torch.autograd.Function):
 def _readout_backward(dh, h, den, qn, m):
     """``h = num / den``, ``den = max(|qn|, floor(m)) + eps`` -> ``(dnum, dqn, dm)`` (m: floor only)."""
     dnum = dh / den.unsqueeze(-1)
-    d_den = -(dh * h).sum(-1) / den
+    d_den = -torch.linalg.vecdot(dh, h) / den                      # no [..., L, Dv] product kept
     abs_qn, floor = qn.abs(), readout_floor(m)
     split = torch.where(abs_qn == floor, d_den / 2, d_den)
     dqn = split.masked_fill(abs_qn < floor, 0) * qn.sgn()

@@ -76,10 +76,11 @@ def parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, inplace: bo
     scores = qk.mul_(d) if inplace else qk * d
     q_c0 = q @ C0
     q_n0 = (q * n0.unsqueeze(-2)).sum(-1)                        # a matvec: bmm is 4x slower
-    num = torch.addcmul(scores @ v, w0.unsqueeze(-1), q_c0)
+    # In place on the fresh matmul output: two fewer passes over new [..., T, Dv] memory.
+    num = (scores @ v).addcmul_(w0.unsqueeze(-1), q_c0)
     qn = torch.addcmul(scores.sum(-1), w0, q_n0)
     den = readout_denominator(qn, m, eps)
-    h = num / den.unsqueeze(-1)
+    h = num.div_(den.unsqueeze(-1)) if inplace else num / den.unsqueeze(-1)
     return ParallelTerms(x, d, scores, q_c0, q_n0, lw0x, w0, m, qn, den, h)
 
 
