@@ -41,13 +41,13 @@ class _ChunkCore(torch.autograd.Function):
         dq_n0 = dqn * w0
         dC0 = q.transpose(-2, -1) @ dq_c0
         dn0 = (q * dq_n0.unsqueeze(-1)).sum(-2)                        # a matvec: bmm is 4x slower
-        dq = torch.addcmul(dq_c0 @ C0.transpose(-2, -1), dq_n0.unsqueeze(-1), n0.unsqueeze(-2))
+        dq = (dq_c0 @ C0.transpose(-2, -1)).addcmul_(dq_n0.unsqueeze(-1), n0.unsqueeze(-2))
 
         # Intra-chunk terms: num += scores @ v, qn += scores.sum(-1), scores = (q k^T) * d.
         d_scores = (dnum @ v.transpose(-2, -1)).add_(dqn.unsqueeze(-1))
         dv = scores.transpose(-2, -1) @ dnum
         d_qk = d_scores * d
-        dq += d_qk @ k
+        _add_matmul_(dq, d_qk, k)
         dk = d_qk.transpose(-2, -1) @ q
         # d = exp(log D - m): d loss / d log D = d_scores * qk * d = d_scores * scores.
         d_log_d = d_scores.mul_(scores)
@@ -90,13 +90,19 @@ def _route_to_maxima(dm, x, lw0x, d_log_d):
 
 
 def _segment_sums_backward(g):
-    """Backward of ``seg_ts = sum_{s < r <= t} log f_r`` (the decay matrix without log i):
+    """(Overwrites ``g``.) Backward of ``seg_ts = sum_{s < r <= t} log f_r`` (the decay matrix without log i):
     ``dlog_f_r = sum_{t >= r} sum_{s < r} g_ts``: prefix sums along rows (plain sums, no
     differences), the entries with t > r - 1 kept, column sums shifted by one."""
     L = g.shape[-1]
     below = torch.ones(L, L, dtype=g.dtype, device=g.device).tril(-1)   # [t, r']: t > r'
-    sums = g.cumsum(-1).mul_(below).sum(-2)                             # [r'] = r - 1
+    sums = g.cumsum_(-1).mul_(below).sum(-2)                            # [r'] = r - 1 (g is used up)
     return torch.nn.functional.pad(sums[..., :-1], (1, 0))
+
+
+def _add_matmul_(out, a, b):
+    """``out += a @ b`` for contiguous ``[..., M, N]`` ``out``, without a temporary product."""
+    out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+    return out
 
 
 def _reverse_cumsum(x):
