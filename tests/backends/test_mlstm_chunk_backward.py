@@ -94,3 +94,15 @@ def test_ties_follow_autograd():
     inputs["log_i"] = torch.full_like(inputs["log_i"], 0.5)
     inputs["m0"] = torch.tensor([0.5, -3.0], dtype=torch.float64)   # chunk 0 ties with w0, chunk 1 does not
     assert_same_grads(inputs, 1e-10, 1e-10, "ties")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_only_equals_forward_with_graph(dtype):
+    # Without a gradient to take, chunk_core runs the plain forward (d overwrites x, nothing kept):
+    # the same ops on the same values, so the same bits as the forward that keeps its terms.
+    inputs = chunked_inputs(lead=(2, 4), L=16, dk=8, dv=8, seed=6, dtype=dtype, i_scale=3.0)
+    with torch.no_grad():
+        h_plain = ours(*inputs.values())
+    h_graph, _ = grads(ours, inputs)
+    assert torch.equal(h_plain, h_graph)
+    assert torch.equal(ours(*inputs.values()), h_graph)   # grad mode on, no input requires grad

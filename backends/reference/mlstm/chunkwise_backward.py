@@ -111,5 +111,10 @@ def _reverse_cumsum(x):
 
 def chunk_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float):
     """``parallel_core(..., return_state=False)`` for chunked tensors ``[..., NC, L, D]`` with the
-    hand-written backward above. Returns ``h [..., NC, L, Dv]``."""
-    return _ChunkCore.apply(q, k, v, log_i, log_f, C0, n0, m0, eps)
+    hand-written backward above. Returns ``h [..., NC, L, Dv]``.
+
+    Where no gradient is wanted, the plain forward runs with nothing kept for a backward."""
+    inputs = (q, k, v, log_i, log_f, C0, n0, m0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return _ChunkCore.apply(*inputs, eps)
+    return parallel_terms(*inputs, eps, inplace=True, keep_x=False).h
