@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from xlstm_zoo.backends.gating import log_gate
-from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums
 from xlstm_zoo.backends.reference.mlstm.parallel import parallel_core
 
 NAMES = ("q", "k", "v", "log_i", "log_f", "C0", "n0", "m0")
@@ -106,3 +106,32 @@ def test_forward_only_equals_forward_with_graph(dtype):
     h_graph, _ = grads(ours, inputs)
     assert torch.equal(h_plain, h_graph)
     assert torch.equal(ours(*inputs.values()), h_graph)   # grad mode on, no input requires grad
+
+
+def _sums_inputs(dtype=torch.float64):
+    g = torch.Generator().manual_seed(8)
+    k, v = torch.randn(2, 3, 5, 4, generator=g), torch.randn(2, 3, 5, 3, generator=g)
+    a = torch.rand(2, 3, 5, generator=g)
+    return [t.to(dtype).requires_grad_(True) for t in (k, v, a)]
+
+
+def test_chunk_sums_gradcheck_float64():
+    assert torch.autograd.gradcheck(chunk_sums, _sums_inputs(), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunk_sums_equal_autograd(dtype):
+    def reference(k, v, a):
+        k_w = k * a.unsqueeze(-1)
+        return k_w.transpose(-2, -1) @ v, k_w.sum(-2)
+
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    outs = []
+    for fn in (chunk_sums, reference):
+        leaves = _sums_inputs(dtype)
+        C, n = fn(*leaves)
+        g = torch.Generator().manual_seed(9)
+        loss = (C * torch.randn(C.shape, generator=g, dtype=dtype)).sum() + (n * torch.randn(n.shape, generator=g, dtype=dtype)).sum()
+        outs.append((C, n, *torch.autograd.grad(loss, leaves)))
+    for name, a, b in zip(("C", "n", "dk", "dv", "da"), *outs):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
-from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums
 from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core
 from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
@@ -27,9 +27,8 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     to_end = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], dim=-1)
     log_a = to_end + log_i                                          # [..., NC, L]
     log_a_max = log_a.amax(-1)                                      # [..., NC]
-    k_w = k * torch.exp(log_a - log_a_max.unsqueeze(-1)).unsqueeze(-1)
-    C_chunk = k_w.transpose(-2, -1) @ v                             # [..., NC, Dk, Dv], scaled by exp(-a_max)
-    n_chunk = k_w.sum(-2)                                           # [..., NC, Dk]
+    # [..., NC, Dk, Dv] and [..., NC, Dk], scaled by exp(-a_max)
+    C_chunk, n_chunk = chunk_sums(k, v, torch.exp(log_a - log_a_max.unsqueeze(-1)))
 
     # The chunk-level recurrence S_c = f_c S_{c-1} + a_c X_c (a whole chunk as the "token") in its
     # parallel form: the same decay matrix and running-max stabiliser as parallel.py, over chunks.

@@ -61,6 +61,33 @@ class _ChunkCore(torch.autograd.Function):
         return dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0, None
 
 
+class _ChunkSums(torch.autograd.Function):
+    """``(k, v, a) -> (C, n)``: ``C = (a k)^T v`` and ``n = sum_s a_s k_s`` for each chunk.
+
+    Written out so that the backward adds ``dn`` to every row of ``d(a k)`` inside the matmul
+    (baddbmm with a broadcast input) instead of in one more pass over ``[..., L, Dk]``."""
+
+    @staticmethod
+    def forward(ctx, k, v, a):
+        k_w = k * a.unsqueeze(-1)
+        ctx.save_for_backward(k, v, a, k_w)
+        return k_w.transpose(-2, -1) @ v, k_w.sum(-2)
+
+    @staticmethod
+    def backward(ctx, dC, dn):
+        k, v, a, k_w = ctx.saved_tensors
+        flat = lambda t: t.reshape(-1, *t.shape[-2:])  # noqa: E731
+        dk_w = torch.baddbmm(flat(dn.unsqueeze(-2)), flat(v), flat(dC).transpose(-2, -1)).view(k.shape)
+        dv = k_w @ dC if ctx.needs_input_grad[1] else None
+        return dk_w * a.unsqueeze(-1), dv, torch.linalg.vecdot(dk_w, k)
+
+
+def chunk_sums(k, v, a):
+    """``[..., NC, L, D]`` keys and values, weights ``a [..., NC, L]`` -> ``C [..., NC, Dk, Dv]``,
+    ``n [..., NC, Dk]`` (see :class:`_ChunkSums`)."""
+    return _ChunkSums.apply(k, v, a)
+
+
 def _readout_backward(dh, h, den, qn, m):
     """``h = num / den``, ``den = max(|qn|, floor(m)) + eps`` -> ``(dnum, dqn, dm)`` (m: floor only)."""
     dnum = dh / den.unsqueeze(-1)
