@@ -135,3 +135,17 @@ def test_chunk_sums_equal_autograd(dtype):
         outs.append((C, n, *torch.autograd.grad(loss, leaves)))
     for name, a, b in zip(("C", "n", "dk", "dv", "da"), *outs):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
+
+
+def test_boundary_mix_forward_only_equals_autograd_path():
+    # _mix accumulates in place (baddbmm_) without a graph and uses matmul + addcmul with one.
+    from xlstm_zoo.backends.reference.mlstm.chunkwise import _mix
+    g = torch.Generator().manual_seed(10)
+    w = torch.rand(2, 3, 4, 4, generator=g).tril()
+    w0, C_chunk, C0 = torch.rand(2, 3, 4, generator=g), torch.randn(2, 3, 4, 5, 6, generator=g), torch.randn(2, 3, 5, 6, generator=g)
+    with torch.no_grad():
+        plain = _mix(w, w0, C_chunk, C0)
+    graph = _mix(w, w0, C_chunk.requires_grad_(True), C0)
+    ref = w0[..., None, None] * C0.unsqueeze(-3) + torch.einsum("...rc,...cij->...rij", w, C_chunk.detach())
+    torch.testing.assert_close(plain, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(graph, ref, rtol=1e-6, atol=1e-6)
