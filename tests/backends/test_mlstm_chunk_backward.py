@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from xlstm_zoo.backends.gating import log_gate
-from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums, mix_states
 from xlstm_zoo.backends.reference.mlstm.parallel import parallel_core
 
 NAMES = ("q", "k", "v", "log_i", "log_f", "C0", "n0", "m0")
@@ -137,15 +137,28 @@ def test_chunk_sums_equal_autograd(dtype):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
 
 
-def test_boundary_mix_forward_only_equals_autograd_path():
-    # _mix accumulates in place (baddbmm_) without a graph and uses matmul + addcmul with one.
-    from xlstm_zoo.backends.reference.mlstm.chunkwise import _mix
+def _mix_inputs(dtype=torch.float64):
     g = torch.Generator().manual_seed(10)
     w = torch.rand(2, 3, 4, 4, generator=g).tril()
-    w0, C_chunk, C0 = torch.rand(2, 3, 4, generator=g), torch.randn(2, 3, 4, 5, 6, generator=g), torch.randn(2, 3, 5, 6, generator=g)
-    with torch.no_grad():
-        plain = _mix(w, w0, C_chunk, C0)
-    graph = _mix(w, w0, C_chunk.requires_grad_(True), C0)
-    ref = w0[..., None, None] * C0.unsqueeze(-3) + torch.einsum("...rc,...cij->...rij", w, C_chunk.detach())
-    torch.testing.assert_close(plain, ref, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(graph, ref, rtol=1e-6, atol=1e-6)
+    w0, X, C0 = torch.rand(2, 3, 4, generator=g), torch.randn(2, 3, 4, 5, 6, generator=g), torch.randn(2, 3, 5, 6, generator=g)
+    return [t.to(dtype).requires_grad_(True) for t in (w, w0, X, C0)]
+
+
+def test_mix_states_gradcheck_float64():
+    assert torch.autograd.gradcheck(mix_states, _mix_inputs(), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mix_states_equal_autograd(dtype):
+    def reference(w, w0, X, C0):
+        return torch.addcmul((w @ X.flatten(-2)).unflatten(-1, X.shape[-2:]), w0[..., None, None], C0.unsqueeze(-3))
+
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    outs = []
+    for fn in (mix_states, reference):
+        leaves = _mix_inputs(dtype)
+        out = fn(*leaves)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(11), dtype=dtype)
+        outs.append((out, *torch.autograd.grad(out, leaves, dout)))
+    for name, a, b in zip(("out", "dw", "dw0", "dX", "dC0"), *outs):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")

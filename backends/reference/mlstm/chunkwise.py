@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
-from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums, mix_states
 from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core
 from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
@@ -46,7 +46,7 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     # tensor is not contiguous over the batch dims: every matmul with it, forward and backward,
     # copied it first). The final state is one recurrent step from the last entering state.
     w_in, w0_in = w[..., :-1, :], w0[..., :-1]
-    C_in = _mix(w_in, w0_in, C_chunk, C)                            # [..., NC, Dk, Dv]
+    C_in = mix_states(w_in, w0_in, C_chunk, C)                      # [..., NC, Dk, Dv]
     n_in = torch.addcmul(w_in @ n_chunk, w0_in.unsqueeze(-1), n.unsqueeze(-2))
     m_in, m = m_all[..., :-1], m_all[..., -1]
     f_act = torch.exp(m_in[..., -1] + chunk_log_f[..., -1] - m)      # weight of the last entering state
@@ -54,19 +54,6 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     C = torch.addcmul(f_act[..., None, None] * C_in[..., -1, :, :], a_act[..., None, None], C_chunk[..., -1, :, :])
     n = torch.addcmul(f_act.unsqueeze(-1) * n_in[..., -1, :], a_act.unsqueeze(-1), n_chunk[..., -1, :])
     return (C_in, n_in, m_in), (C, n, m)
-
-
-def _mix(w, w0, C_chunk, C0):
-    """``w0[r] C0 + sum_c w[r, c] C_chunk[c]`` for each row r. Forward only, the matmul accumulates
-    in place on the initial-state term (baddbmm_: one pass over [..., NC, Dk, Dv] fewer); under
-    autograd that in-place view costs its backward more than it saves, so matmul + addcmul there."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (w, w0, C_chunk, C0)):
-        return torch.addcmul((w @ C_chunk.flatten(-2)).unflatten(-1, C_chunk.shape[-2:]),
-                             w0[..., None, None], C0.unsqueeze(-3))
-    out = w0[..., None, None] * C0.unsqueeze(-3)
-    flat = out.view(-1, out.shape[-3], out.shape[-2] * out.shape[-1])
-    flat.baddbmm_(w.reshape(-1, *w.shape[-2:]), C_chunk.reshape(flat.shape[0], C_chunk.shape[-3], -1))
-    return out
 
 
 # Chunks are processed in segments of at most SEGMENT_CHUNKS chunks whose largest intermediate

@@ -88,6 +88,39 @@ def chunk_sums(k, v, a):
     return _ChunkSums.apply(k, v, a)
 
 
+class _Mix(torch.autograd.Function):
+    """``out[r] = w0[r] C0 + sum_c w[r, c] X[c]`` over flattened states ``X [B', NC, S]``,
+    ``C0 [B', S]``, ``w [B', R, NC]``, ``w0 [B', R]``.
+
+    Forward: the matmul accumulates in place on the initial-state term (baddbmm_). Backward: the
+    contractions with ``w0`` are row-vector @ matrix matmuls; autograd through addcmul wrote
+    broadcast [B', R, S] products and summed them."""
+
+    @staticmethod
+    def forward(ctx, w, w0, X, C0):
+        ctx.save_for_backward(w, w0, X, C0)
+        return (w0.unsqueeze(-1) * C0.unsqueeze(-2)).baddbmm_(w, X)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        w, w0, X, C0 = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dw = d_out @ X.transpose(-2, -1) if need[0] else None
+        dw0 = (C0.unsqueeze(-2) @ d_out.transpose(-2, -1)).squeeze(-2) if need[1] else None
+        dX = w.transpose(-2, -1) @ d_out if need[2] else None
+        dC0 = (w0.unsqueeze(-2) @ d_out).squeeze(-2) if need[3] else None
+        return dw, dw0, dX, dC0
+
+
+def mix_states(w, w0, X, C0):
+    """``w0[r] C0 + sum_c w[r, c] X[c]`` for states ``X [..., NC, Dk, Dv]``, ``C0 [..., Dk, Dv]``,
+    weights ``w [..., R, NC]``, ``w0 [..., R]``; returns ``[..., R, Dk, Dv]`` (see :class:`_Mix`)."""
+    lead, (Dk, Dv) = w.shape[:-2], X.shape[-2:]
+    flat = lambda t, *tail: t.reshape(-1, *tail)  # noqa: E731
+    out = _Mix.apply(flat(w, *w.shape[-2:]), flat(w0, w0.shape[-1]), flat(X, X.shape[-3], Dk * Dv), flat(C0, Dk * Dv))
+    return out.view(*lead, w.shape[-2], Dk, Dv)
+
+
 def _readout_backward(dh, h, den, qn, m):
     """``h = num / den``, ``den = max(|qn|, floor(m)) + eps`` -> ``(dnum, dqn, dm)`` (m: floor only)."""
     dnum = dh / den.unsqueeze(-1)
