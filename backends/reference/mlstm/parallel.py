@@ -49,7 +49,7 @@ class ParallelTerms(NamedTuple):
     x: torch.Tensor        # [..., T, T] log decay minus the row stabiliser (-inf above the diagonal)
     d: torch.Tensor        # [..., T, T] exp(x)
     scores: torch.Tensor   # [..., T, T] (q k^T) * d
-    q_c0: torch.Tensor     # [..., T, Dv] q C0
+    q_c0: torch.Tensor     # [..., T, Dv] q C0 (None in forward-only mode)
     q_n0: torch.Tensor     # [..., T] q . n0
     lw0x: torch.Tensor     # [..., T] log weight of the initial state minus m
     w0: torch.Tensor       # [..., T] exp(lw0x)
@@ -65,7 +65,7 @@ def parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, inplace: bo
 
     ``inplace`` reuses the T x T buffers (fewer passes over fresh memory); only valid where no
     autograd graph is recorded through these ops. ``keep_x=False`` (forward only, with
-    ``inplace``): d overwrites x, and ``x`` is None."""
+    ``inplace``): d overwrites x, the numerator overwrites q C0, and ``x``, ``q_c0`` are None."""
     log_d = log_decay_matrix(log_i, log_f)                         # [..., T, T]
     log_w0 = log_f.cumsum(-1) + m0.unsqueeze(-1)                  # [..., T] initial-state weight
     m = torch.maximum(log_d.amax(-1), log_w0)                     # [..., T] row stabiliser
@@ -81,12 +81,21 @@ def parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, inplace: bo
     # n0^T q^T as a row vector times a matrix: 2x faster than q * n0 summed (no [..., T, D]
     # product in memory) and 8x faster than q @ n0 as a column (bmm is slow at N = 1).
     q_n0 = (n0.unsqueeze(-2) @ q.transpose(-2, -1)).squeeze(-2)
-    # In place on the fresh matmul output: two fewer passes over new [..., T, Dv] memory.
-    num = (scores @ v).addcmul_(w0.unsqueeze(-1), q_c0)
+    if keep_x:  # in place on the fresh matmul output: fewer passes over new [..., T, Dv] memory
+        num = (scores @ v).addcmul_(w0.unsqueeze(-1), q_c0)
+    else:       # forward only: scores @ v accumulated onto w0 * (q C0) itself (q_c0 is used up)
+        num = _add_matmul_(q_c0.mul_(w0.unsqueeze(-1)), scores, v)
+        q_c0 = None
     qn = torch.addcmul(scores.sum(-1), w0, q_n0)
     den = readout_denominator(qn, m, eps)
     h = num.div_(den.unsqueeze(-1)) if inplace else num / den.unsqueeze(-1)
     return ParallelTerms(x, d, scores, q_c0, q_n0, lw0x, w0, m, qn, den, h)
+
+
+def _add_matmul_(out, a, b):
+    """``out += a @ b`` for contiguous ``out``, without a temporary product (baddbmm_)."""
+    out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+    return out
 
 
 def parallel_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, return_state: bool = True):
