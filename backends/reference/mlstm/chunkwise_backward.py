@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.reference.mlstm.parallel import parallel_terms
+from xlstm_zoo.backends.reference.mlstm.parallel import add_matmul_, parallel_terms
 from xlstm_zoo.backends.reference.mlstm.step import FLOOR_LOG_MAX, readout_floor
 
 
@@ -47,7 +47,7 @@ class _ChunkCore(torch.autograd.Function):
         d_scores = (dnum @ v.transpose(-2, -1)).add_(dqn.unsqueeze(-1))
         dv = scores.transpose(-2, -1) @ dnum
         d_qk = d_scores * d
-        _add_matmul_(dq, d_qk, k)
+        add_matmul_(dq, d_qk, k)
         dk = d_qk.transpose(-2, -1) @ q
         # d = exp(log D - m): d loss / d log D = d_scores * qk * d = d_scores * scores.
         d_log_d = d_scores.mul_(scores)
@@ -157,12 +157,6 @@ def _segment_sums_backward(g):
     below = torch.ones(L, L, dtype=g.dtype, device=g.device).tril(-1)   # [t, r']: t > r'
     sums = g.cumsum_(-1).mul_(below).sum(-2)                            # [r'] = r - 1 (g is used up)
     return torch.nn.functional.pad(sums[..., :-1], (1, 0))
-
-
-def _add_matmul_(out, a, b):
-    """``out += a @ b`` for contiguous ``[..., M, N]`` ``out``, without a temporary product."""
-    out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
-    return out
 
 
 def _reverse_cumsum(x):

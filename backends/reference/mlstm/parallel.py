@@ -84,7 +84,7 @@ def parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, inplace: bo
     if keep_x:  # in place on the fresh matmul output: fewer passes over new [..., T, Dv] memory
         num = (scores @ v).addcmul_(w0.unsqueeze(-1), q_c0)
     else:       # forward only: scores @ v accumulated onto w0 * (q C0) itself (q_c0 is used up)
-        num = _add_matmul_(q_c0.mul_(w0.unsqueeze(-1)), scores, v)
+        num = add_matmul_(q_c0.mul_(w0.unsqueeze(-1)), scores, v)
         q_c0 = None
     qn = torch.addcmul(scores.sum(-1), w0, q_n0)
     den = readout_denominator(qn, m, eps)
@@ -92,7 +92,7 @@ def parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, inplace: bo
     return ParallelTerms(x, d, scores, q_c0, q_n0, lw0x, w0, m, qn, den, h)
 
 
-def _add_matmul_(out, a, b):
+def add_matmul_(out, a, b):
     """``out += a @ b`` for contiguous ``out``, without a temporary product (baddbmm_)."""
     out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
     return out
