@@ -34,7 +34,7 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     # parallel form: the same decay matrix and running-max stabiliser as parallel.py, over chunks.
     # One small [NC, NC] matmul instead of a Python loop of NC steps (20% of the op's forward).
     # Row 0 is the state entering chunk 0 (the initial state alone: its chunk row is all -inf), so
-    # row c is the state entering chunk c and the last row the final state, with no copies (cat).
+    # row c is the state entering chunk c; the last row gives the final stabiliser.
     log_d = log_decay_matrix(log_a_max, chunk_log_f)                # [..., NC, NC]
     log_d = torch.cat([torch.full_like(log_d[..., :1, :], float("-inf")), log_d], dim=-2)
     log_w0 = torch.cat([torch.zeros_like(chunk_log_f[..., :1]), chunk_log_f.cumsum(-1)], dim=-1) \
