@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from xlstm_zoo.backends.gating import log_gate
-from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums, mix_states
 from xlstm_zoo.backends.reference.mlstm.parallel import parallel_core
 
 NAMES = ("q", "k", "v", "log_i", "log_f", "C0", "n0", "m0")
@@ -94,3 +94,72 @@ def test_ties_follow_autograd():
     inputs["log_i"] = torch.full_like(inputs["log_i"], 0.5)
     inputs["m0"] = torch.tensor([0.5, -3.0], dtype=torch.float64)   # chunk 0 ties with w0, chunk 1 does not
     assert_same_grads(inputs, 1e-10, 1e-10, "ties")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_only_equals_forward_with_graph(dtype):
+    # Without a gradient to take, chunk_core runs the plain forward (d overwrites x, scores @ v
+    # accumulates onto w0 * q C0, nothing kept): the same forward up to the order of one addition.
+    inputs = chunked_inputs(lead=(2, 4), L=16, dk=8, dv=8, seed=6, dtype=dtype, i_scale=3.0)
+    with torch.no_grad():
+        h_plain = ours(*inputs.values())
+    h_graph, _ = grads(ours, inputs)
+    tol = 1e-13 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(h_plain, h_graph, rtol=tol, atol=tol)
+    assert torch.equal(ours(*inputs.values()), h_plain)   # grad mode on, no input requires grad
+
+
+def _sums_inputs(dtype=torch.float64):
+    g = torch.Generator().manual_seed(8)
+    k, v = torch.randn(2, 3, 5, 4, generator=g), torch.randn(2, 3, 5, 3, generator=g)
+    a = torch.rand(2, 3, 5, generator=g)
+    return [t.to(dtype).requires_grad_(True) for t in (k, v, a)]
+
+
+def test_chunk_sums_gradcheck_float64():
+    assert torch.autograd.gradcheck(chunk_sums, _sums_inputs(), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunk_sums_equal_autograd(dtype):
+    def reference(k, v, a):
+        k_w = k * a.unsqueeze(-1)
+        return k_w.transpose(-2, -1) @ v, k_w.sum(-2)
+
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    outs = []
+    for fn in (chunk_sums, reference):
+        leaves = _sums_inputs(dtype)
+        C, n = fn(*leaves)
+        g = torch.Generator().manual_seed(9)
+        loss = (C * torch.randn(C.shape, generator=g, dtype=dtype)).sum() + (n * torch.randn(n.shape, generator=g, dtype=dtype)).sum()
+        outs.append((C, n, *torch.autograd.grad(loss, leaves)))
+    for name, a, b in zip(("C", "n", "dk", "dv", "da"), *outs):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
+
+
+def _mix_inputs(dtype=torch.float64):
+    g = torch.Generator().manual_seed(10)
+    w = torch.rand(2, 3, 4, 4, generator=g).tril()
+    w0, X, C0 = torch.rand(2, 3, 4, generator=g), torch.randn(2, 3, 4, 5, 6, generator=g), torch.randn(2, 3, 5, 6, generator=g)
+    return [t.to(dtype).requires_grad_(True) for t in (w, w0, X, C0)]
+
+
+def test_mix_states_gradcheck_float64():
+    assert torch.autograd.gradcheck(mix_states, _mix_inputs(), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mix_states_equal_autograd(dtype):
+    def reference(w, w0, X, C0):
+        return torch.addcmul((w @ X.flatten(-2)).unflatten(-1, X.shape[-2:]), w0[..., None, None], C0.unsqueeze(-3))
+
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    outs = []
+    for fn in (mix_states, reference):
+        leaves = _mix_inputs(dtype)
+        out = fn(*leaves)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(11), dtype=dtype)
+        outs.append((out, *torch.autograd.grad(out, leaves, dout)))
+    for name, a, b in zip(("out", "dw", "dw0", "dX", "dC0"), *outs):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")

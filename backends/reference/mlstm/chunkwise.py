@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
-from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums, mix_states
 from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core
 from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
@@ -27,15 +27,14 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     to_end = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], dim=-1)
     log_a = to_end + log_i                                          # [..., NC, L]
     log_a_max = log_a.amax(-1)                                      # [..., NC]
-    k_w = k * torch.exp(log_a - log_a_max.unsqueeze(-1)).unsqueeze(-1)
-    C_chunk = k_w.transpose(-2, -1) @ v                             # [..., NC, Dk, Dv], scaled by exp(-a_max)
-    n_chunk = k_w.sum(-2)                                           # [..., NC, Dk]
+    # [..., NC, Dk, Dv] and [..., NC, Dk], scaled by exp(-a_max)
+    C_chunk, n_chunk = chunk_sums(k, v, torch.exp(log_a - log_a_max.unsqueeze(-1)))
 
     # The chunk-level recurrence S_c = f_c S_{c-1} + a_c X_c (a whole chunk as the "token") in its
     # parallel form: the same decay matrix and running-max stabiliser as parallel.py, over chunks.
     # One small [NC, NC] matmul instead of a Python loop of NC steps (20% of the op's forward).
     # Row 0 is the state entering chunk 0 (the initial state alone: its chunk row is all -inf), so
-    # row c is the state entering chunk c and the last row the final state, with no copies (cat).
+    # row c is the state entering chunk c; the last row gives the final stabiliser.
     log_d = log_decay_matrix(log_a_max, chunk_log_f)                # [..., NC, NC]
     log_d = torch.cat([torch.full_like(log_d[..., :1, :], float("-inf")), log_d], dim=-2)
     log_w0 = torch.cat([torch.zeros_like(chunk_log_f[..., :1]), chunk_log_f.cumsum(-1)], dim=-1) \
@@ -43,11 +42,17 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     m_all = torch.maximum(log_d.amax(-1), log_w0)                   # [..., NC + 1] stabiliser
     w = (log_d - m_all.unsqueeze(-1)).exp_()
     w0 = torch.exp(log_w0 - m_all)
-    C_all = torch.addcmul((w @ C_chunk.flatten(-2)).unflatten(-1, C_chunk.shape[-2:]),
-                          w0[..., None, None], C.unsqueeze(-3))     # [..., NC + 1, Dk, Dv]
-    n_all = torch.addcmul(w @ n_chunk, w0.unsqueeze(-1), n.unsqueeze(-2))
-    C_in, n_in, m_in = C_all[..., :-1, :, :], n_all[..., :-1, :], m_all[..., :-1]
-    C, n, m = C_all[..., -1, :, :], n_all[..., -1, :], m_all[..., -1]
+    # The entering states as their own tensors (a slice [..., :-1, :, :] of one [..., NC + 1, Dk, Dv]
+    # tensor is not contiguous over the batch dims: every matmul with it, forward and backward,
+    # copied it first). The final state is one recurrent step from the last entering state.
+    w_in, w0_in = w[..., :-1, :], w0[..., :-1]
+    C_in = mix_states(w_in, w0_in, C_chunk, C)                      # [..., NC, Dk, Dv]
+    n_in = torch.addcmul(w_in @ n_chunk, w0_in.unsqueeze(-1), n.unsqueeze(-2))
+    m_in, m = m_all[..., :-1], m_all[..., -1]
+    f_act = torch.exp(m_in[..., -1] + chunk_log_f[..., -1] - m)      # weight of the last entering state
+    a_act = torch.exp(log_a_max[..., -1] - m)                       # weight of the last chunk's terms
+    C = torch.addcmul(f_act[..., None, None] * C_in[..., -1, :, :], a_act[..., None, None], C_chunk[..., -1, :, :])
+    n = torch.addcmul(f_act.unsqueeze(-1) * n_in[..., -1, :], a_act.unsqueeze(-1), n_chunk[..., -1, :])
     return (C_in, n_in, m_in), (C, n, m)
 
 
