@@ -30,7 +30,10 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-c", DRIVER.format(tests=str(TESTS), recipe=str(recipe), out=str(out))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    # A shell that started these tests in the background made them ignore SIGINT, and the child would
+    # inherit that: give it the default disposition, so Python installs its KeyboardInterrupt handler.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     metrics = None
     while not (metrics and len(metrics.read_text().splitlines()) >= 2):  # training, before any checkpoint

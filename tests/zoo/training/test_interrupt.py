@@ -62,6 +62,8 @@ def test_ctrl_c_during_the_optimiser_step_waits_for_the_step(tmp_path, monkeypat
     import signal
 
     recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
+    # Python's own handler, even where a shell started the tests in the background with SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     calls = {"n": 0}
     step = torch.optim.AdamW.step
 
@@ -72,9 +74,12 @@ def test_ctrl_c_during_the_optimiser_step_waits_for_the_step(tmp_path, monkeypat
         return step(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", step_with_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train(recipe, tmp_path / "run")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train(recipe, tmp_path / "run")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the trainer restores the handler"
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 14
     events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event")]
     assert events == [{"step": 14, "event": "interrupted"}]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the trainer restores the handler"
