@@ -72,8 +72,9 @@ def cache_path() -> Path:
     root = os.environ.get("XLSTM_ZOO_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "xlstm_zoo"
     digest = hashlib.sha256()
-    for part in (*(f.read_bytes() for f in (*SOURCES, *HEADERS, Path(__file__))), str(compiler()).encode(), repr(FLAG_SETS).encode(), platform.machine().encode(),
-                 _cpu_fingerprint().encode()):
+    files = (*SOURCES, *HEADERS, Path(__file__))
+    for part in (*(f.read_bytes() for f in files), str(compiler()).encode(), repr(FLAG_SETS).encode(),
+                 platform.machine().encode(), _cpu_fingerprint().encode()):
         digest.update(part)
     return base / "cpp" / digest.hexdigest()[:16] / LIBRARY
 
@@ -185,6 +186,11 @@ def loop_function(name: str, x) -> ctypes._CFuncPtr:
     if x.device.type != "cpu" or suffix is None:
         raise ValueError(f"the C++ loops run float32/float64 CPU tensors, got {x.dtype} on {x.device}")
     return getattr(library(), f"xlstm_zoo_{name}_{suffix}")
+
+
+def pointer(x) -> int | None:
+    """A tensor's data pointer for the loops, or None (a null pointer: the loops read it as zeros)."""
+    return None if x is None else x.data_ptr()
 
 
 def unavailable_reason() -> str | None:

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import loop_function
+from xlstm_zoo.backends.cpp.build import loop_function, pointer
 from xlstm_zoo.backends.fused.lstm import run_sequence
 from xlstm_zoo.backends.fused.time_major import (from_time_major, recurrent_weight_grad, state_in, state_out,
                                                  to_time_major)
 from xlstm_zoo.backends.states import LSTMState
 
 __all__ = ["lstm_sequence"]
-
-
-def _pointer(x: torch.Tensor | None) -> int | None:
-    return None if x is None else x.data_ptr()
 
 
 class _CppLSTMFunction(torch.autograd.Function):
@@ -49,7 +45,7 @@ class _CppLSTMFunction(torch.autograd.Function):
         dc_T, dh_T = (state_in(d).to(G.dtype).contiguous() if d is not None else None for d in (dc_T, dh_T))
         dG = torch.empty_like(G)
         dc0, dh0 = (torch.empty(H, B, Dh, dtype=G.dtype) for _ in range(2))
-        backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), _pointer(dH), _pointer(dc_T), _pointer(dh_T),
+        backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), pointer(dH), pointer(dc_T), pointer(dh_T),
                  dG.data_ptr(), dc0.data_ptr(), dh0.data_ptr(), T, H, B, Dh, torch.get_num_threads())
         return from_time_major(dG), recurrent_weight_grad(Hs[:-1], dG), state_out(dc0), state_out(dh0)
 

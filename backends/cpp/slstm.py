@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import loop_function
+from xlstm_zoo.backends.cpp.build import loop_function, pointer
 from xlstm_zoo.backends.fused.slstm import run_sequence
 from xlstm_zoo.backends.fused.time_major import from_time_major, recurrent_weight_grad, state_in, state_out, to_time_major
 from xlstm_zoo.backends.gating import GateSchemes
@@ -52,13 +52,9 @@ def backward_loop(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_al
     final = [state_in(d).to(**cast).contiguous() if d is not None else None for d in (dc_T, dn_T, dm_T, dh_T)]
     dG = torch.empty_like(G)
     initial = [torch.empty(H, B, Dh, **cast) for _ in range(4)]
-
-    def ptr(x):
-        return None if x is None else x.data_ptr()
-
-    backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), Ns.data_ptr(), Ms.data_ptr(), ptr(dH), *map(ptr, final),
-             dG.data_ptr(), *map(ptr, initial), T, H, B, Dh, Cs.stride(0), int(input_exp), int(forget_exp),
-             torch.get_num_threads())
+    backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), Ns.data_ptr(), Ms.data_ptr(), pointer(dH),
+             *map(pointer, final), dG.data_ptr(), *map(pointer, initial), T, H, B, Dh, Cs.stride(0),
+             int(input_exp), int(forget_exp), torch.get_num_threads())
     return (from_time_major(dG), recurrent_weight_grad(Hs[:-1], dG), *map(state_out, initial))
 
 

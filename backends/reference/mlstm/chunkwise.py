@@ -12,7 +12,7 @@ import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums, mix_states
-from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core
+from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core, reverse_cumsum
 from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
 
@@ -22,7 +22,7 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     new ``NC`` axis) and the state after the last one."""
     # Log decay from each position to the end of its chunk, excluding its own forget gate:
     # exclusive suffix sums, taken as reversed cumulative sums (no differences of prefix sums).
-    suffix = log_f.flip(-1).cumsum(-1).flip(-1)                    # sum_{r >= s}
+    suffix = reverse_cumsum(log_f)                                  # sum_{r >= s}
     chunk_log_f = suffix[..., 0]                                    # [..., NC] whole-chunk decay
     to_end = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], dim=-1)
     log_a = to_end + log_i                                          # [..., NC, L]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.reference.mlstm.parallel import add_matmul_, parallel_terms
+from xlstm_zoo.backends.reference.mlstm.parallel import add_matmul_, parallel_terms, reverse_cumsum
 from xlstm_zoo.backends.reference.mlstm.step import FLOOR_LOG_MAX, readout_floor
 
 
@@ -56,7 +56,7 @@ class _ChunkCore(torch.autograd.Function):
         d_lw0 += _route_to_maxima(dm, x, lw0x, d_log_d)
 
         dlog_i = d_log_d.sum(-2)
-        dlog_f = _segment_sums_backward(d_log_d) + _reverse_cumsum(d_lw0)
+        dlog_f = _segment_sums_backward(d_log_d) + reverse_cumsum(d_lw0)
         dm0 = d_lw0.sum(-1)
         return dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0, None
 
@@ -157,10 +157,6 @@ def _segment_sums_backward(g):
     below = torch.ones(L, L, dtype=g.dtype, device=g.device).tril(-1)   # [t, r']: t > r'
     sums = g.cumsum_(-1).mul_(below).sum(-2)                            # [r'] = r - 1 (g is used up)
     return torch.nn.functional.pad(sums[..., :-1], (1, 0))
-
-
-def _reverse_cumsum(x):
-    return x.flip(-1).cumsum(-1).flip(-1)
 
 
 def chunk_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float):

@@ -29,6 +29,11 @@ def exp_via_exp2(x: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
     return (x.mul_(LOG2_E) if inplace else x * LOG2_E).exp2_()
 
 
+def reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Suffix sums along the last axis, ``out_s = sum_{r >= s} x_r`` (plain sums, no differences)."""
+    return x.flip(-1).cumsum(-1).flip(-1)
+
+
 def log_decay_matrix(log_i: torch.Tensor, log_f: torch.Tensor) -> torch.Tensor:
     """``D [..., T, T]``: ``D_ts`` for s <= t, -inf above the diagonal. ``log_f`` must be finite."""
     T = log_f.shape[-1]
