@@ -1,23 +1,33 @@
-"""The ``cpp`` backend: the sLSTM and LSTM time loops, forward and backward, compiled from C++ for the CPU (see :mod:`.build`).
+"""The ``cpp`` backend: the sLSTM and LSTM time loops and the mLSTM chunkwise form's intra-chunk core, forward
+and backward, compiled from C++ for the CPU (see :mod:`.build`).
 
 The fused PyTorch loops spend most of their time dispatching ~13 (forward) and ~17 (backward) small ops
 per token from Python; the C++ loops run the whole recurrence per (head, batch) row with no dispatch at
 all, the gate maths vectorised where glibc's vector maths library is there. Nothing is compiled at import:
 the first availability check builds the library (a few seconds; cached per machine). Without a compiler
 the backend is unavailable; a failed build warns once (:class:`CppBuildWarning`) and sLSTM and LSTM on
-the CPU use the fused loops.
+the CPU use the fused loops. The mLSTM chunk core (:mod:`.mlstm`) keeps each (batch-head, chunk) block's
+[L, L] matrices in cache where the PyTorch core streams them through memory once per op.
 """
 
 from __future__ import annotations
 
+import torch
+
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
 from xlstm_zoo.backends.cpp.lstm import lstm_sequence
+from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
 from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
 
 __all__ = ["CppBackend", "CppBuildWarning", "KERNELS", "cpp_backend"]
 
+MLSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (gradcheck) stays on the reference
+
 KERNELS = (
+    Kernel("mlstm", "chunkwise", "cpp", mlstm_sequence, devices=("cpu",), dtypes=MLSTM_DTYPES,
+           notes="intra-chunk core in C++ per (batch-head, chunk) block, computed in float32; a torch without MKL "
+                 "uses the reference core"),
     Kernel("slstm", "sequence", "cpp", slstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
            notes="C++ forward and backward loops; halves compute in float32"),
     Kernel("lstm", "sequence", "cpp", lstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
@@ -34,6 +44,7 @@ def cpp_backend() -> Backend:
     return CppBackend(
         name="cpp",
         priority=15,
-        description="sLSTM and LSTM forward and backward loops compiled from C++ for the CPU (built on first use)",
+        description="sLSTM and LSTM loops and the mLSTM chunk core, forward and backward, compiled from C++ for the "
+                    "CPU (built on first use)",
         kernels=KERNELS,
     )

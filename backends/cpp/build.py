@@ -1,4 +1,5 @@
-"""Build the C++ sLSTM and LSTM loops (forward and backward) once per machine and load them with ctypes.
+"""Build the C++ kernels (the sLSTM and LSTM loops, the mLSTM chunk core; forward and backward) once per
+machine and load them with ctypes.
 
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
@@ -23,16 +24,20 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp")
+SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp")
 HEADERS = (HERE / "loops.h",)
 LIBRARY = "libxlstm_zoo_loops.so"
-# Tried in order: the first that compiles and links wins. The first vectorises the gate maths with
+# Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
+# process's OpenMP runtime, torch's (see parallel_rows in loops.h). Vector maths: the gate maths uses
 # glibc's SIMD functions (libmvec; see slstm_loop.cpp): 4x faster forward, 2.8x backward at the quick
-# grids' sizes. `-z defs` makes a missing libmvec a link error here rather than a load error later. Not
+# grids' sizes. `-z defs` makes a missing library a link error here rather than a load error later. Not
 # every compiler knows -march=native.
+OPENMP = "-fopenmp"
 VECTOR_MATH = ["-DXLSTM_ZOO_VECTOR_MATH", "-fopenmp-simd", "-fno-math-errno"]
 FLAG_SETS = (
+    (["-O3", "-march=native", OPENMP, *VECTOR_MATH], ["-lmvec", "-Wl,-z,defs"]),
     (["-O3", "-march=native", *VECTOR_MATH], ["-lmvec", "-Wl,-z,defs"]),
+    (["-O3", "-march=native", OPENMP], ["-Wl,-z,defs"]),
     (["-O3", "-march=native"], []),
     (["-O3"], []),
 )
@@ -40,7 +45,8 @@ BASE_FLAGS = ["-std=c++17", "-shared", "-fPIC", "-pthread"]
 
 
 class CppBuildWarning(RuntimeWarning):
-    """The C++ loops did not build; sLSTM and LSTM on the CPU fall back to the fused PyTorch loops."""
+    """The C++ kernels did not build; sLSTM and LSTM on the CPU fall back to the fused PyTorch loops, the
+    mLSTM chunk core to its PyTorch form."""
 
 
 def compiler() -> str | None:
@@ -114,7 +120,8 @@ def built_with() -> str | None:
         flags = flags_file(path).read_text().split()
     except OSError:
         return "unknown flags"
-    return "vector maths (glibc libmvec)" if VECTOR_MATH[0] in flags else "plain (no vector maths library)"
+    maths = "vector maths (glibc libmvec)" if VECTOR_MATH[0] in flags else "plain maths (no vector maths library)"
+    return maths + (", OpenMP threads" if OPENMP in flags else ", own threads (no OpenMP)")
 
 
 def first_error(output: str, max_lines: int = 3) -> str:
@@ -134,6 +141,12 @@ def _load(path: Path) -> ctypes.CDLL:
         for dtype in ("f32", "f64"):
             fn = getattr(lib, f"xlstm_zoo_{name}_{dtype}")
             fn.argtypes, fn.restype = argtypes, None
+    f32 = ctypes.c_float
+    for name, argtypes in {"mlstm_chunk_forward_f32": [ptr] * 12 + [i64] * 4 + [f32, i64],
+                           "mlstm_chunk_backward_f32": [ptr] * 20 + [i64] * 4 + [f32, i64],
+                           "mlstm_set_blas": [ptr] * 2}.items():
+        fn = getattr(lib, f"xlstm_zoo_{name}")
+        fn.argtypes, fn.restype = argtypes, None
     return lib
 
 
@@ -157,14 +170,15 @@ class Build:
         path = cache_path()
         try:
             if not path.is_file():
-                print(f"xlstm_zoo: compiling the C++ sLSTM/LSTM loops (first use; cached in {path.parent})",
+                print(f"xlstm_zoo: compiling the C++ kernels (first use; cached in {path.parent})",
                       file=sys.stderr, flush=True)
                 _compile(path)
             self.library = _load(path)
         except Exception as err:  # a failed build must never stop the user's run
             self.error = f"compile failed: {err}"
-            warnings.warn(f"xlstm_zoo: the C++ sLSTM/LSTM loops are unavailable, so sLSTM and LSTM on the CPU fall "
-                          f"back to the fused PyTorch loops ({self.error})", CppBuildWarning, stacklevel=3)
+            warnings.warn(f"xlstm_zoo: the C++ kernels are unavailable, so sLSTM and LSTM on the CPU fall back to "
+                          f"the fused PyTorch loops and the mLSTM chunk core to PyTorch ({self.error})",
+                          CppBuildWarning, stacklevel=3)
 
 
 _build = Build()
@@ -173,7 +187,7 @@ _build = Build()
 def library() -> ctypes.CDLL:
     lib, error = _build.get()
     if lib is None:
-        raise RuntimeError(f"the C++ sLSTM/LSTM loops are unavailable: {error}")
+        raise RuntimeError(f"the C++ kernels are unavailable: {error}")
     return lib
 
 

@@ -63,22 +63,27 @@ def step_inputs(dtype=torch.float32):
 
 def test_cpu_gets_a_cpu_implementation_by_default():
     # The compiled sLSTM and LSTM loops (where a C++ compiler builds them), else the fused sequence loops,
-    # beat the reference on CPU; every other op has only the reference there.
+    # beat the reference on CPU, and the compiled mLSTM chunk core (float32 compute) the reference one;
+    # every other op has only the reference there.
     from xlstm_zoo.backends.cpp.build import unavailable_reason
 
-    loops = "cpp" if unavailable_reason() is None else "fused"
-    expected = {"mlstm_sequence": "reference", "mlstm_step": "reference", "slstm_sequence": loops,
-                "slstm_step": "reference", "lstm_sequence": loops, "lstm_step": "reference"}
-    for op, name in expected.items():
-        for dtype in (torch.float32, torch.float64):
+    compiled = unavailable_reason() is None
+    loops = "cpp" if compiled else "fused"
+    for dtype in (torch.float32, torch.float64):
+        chunkwise = "cpp" if compiled and dtype == torch.float32 else "reference"
+        expected = {"mlstm_sequence": chunkwise, "mlstm_step": "reference", "slstm_sequence": loops,
+                    "slstm_step": "reference", "lstm_sequence": loops, "lstm_step": "reference"}
+        for op, name in expected.items():
             assert select(op, torch.device("cpu"), dtype).name == name, (op, dtype)
+    for form in ("parallel", "recurrent"):
+        assert select("mlstm_sequence", torch.device("cpu"), torch.float32, form=form).name == "reference"
 
 
 def test_highest_priority_supporting_backend_wins(fake_backends):
     cpu = torch.device("cpu")
     assert select("mlstm_step", cpu, torch.float32).name == "fake_fast"
     assert select("mlstm_step", cpu, torch.float64).name == "reference", "fake does not support fp64"
-    assert select("mlstm_sequence", cpu, torch.float32).name == "reference", "fake does not support sequences"
+    assert select("mlstm_sequence", cpu, torch.float64).name == "reference", "fake does not support sequences"
     h, _ = ops.mlstm_step(*step_inputs(), None)
     assert len(fake_backends.calls) == 1 and h.shape == (2, 3, 4)
 

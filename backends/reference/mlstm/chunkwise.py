@@ -74,8 +74,8 @@ def segment_length(lead: int, chunk_size: int) -> int:
     return max(1, chunks) * chunk_size
 
 
-def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int):
-    """One segment: its full chunks as one batch, then the shorter tail chunk (if any) on its own."""
+def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int, core):
+    """One segment: its full chunks as one batch (``core``), then the shorter tail chunk (if any) on its own."""
     T = q.shape[-2]
     full = (T // L) * L
     hs = []
@@ -88,7 +88,7 @@ def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int):
         qc, kc, vc = chunked(q), chunked(k), chunked(v)
         ic, fc = log_i[..., :full].unflatten(-1, (nc, L)), log_f[..., :full].unflatten(-1, (nc, L))
         (C_in, n_in, m_in), (C, n, m) = _chunk_boundary_states(kc, vc, ic, fc, C, n, m)
-        h = chunk_core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps)
+        h = core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps)
         hs.append(h.flatten(-3, -2))
     if full < T:
         h, (C, n, m) = parallel_core(q[..., full:, :], k[..., full:, :], v[..., full:, :],
@@ -97,8 +97,11 @@ def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int):
     return torch.cat(hs, dim=-2) if len(hs) > 1 else hs[0], (C, n, m)
 
 
-def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int):
-    """Prepared tensors ``[..., T, D]`` -> ``h [..., T, Dv]``, final ``(C, n, m)``."""
+def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int, core=chunk_core):
+    """Prepared tensors ``[..., T, D]`` -> ``h [..., T, Dv]``, final ``(C, n, m)``.
+
+    ``core`` computes the full chunks' outputs from their entering states, with :func:`chunk_core`'s
+    arguments and result (the cpp backend passes its compiled one)."""
     if chunk_size < 1:
         raise ValueError(f"mLSTM chunk_size must be >= 1, got {chunk_size}")
     T = q.shape[-2]
@@ -110,7 +113,7 @@ def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int):
         # chunked matmuls would copy them several times over, so copy each segment once here.
         q_s, k_s, v_s = (x[..., start:end, :].contiguous() for x in (q, k, v))
         h, (C, n, m) = _segment(q_s, k_s, v_s, log_i[..., start:end], log_f[..., start:end], C, n, m,
-                                eps, chunk_size)
+                                eps, chunk_size, core)
         hs.append(h)
     return torch.cat(hs, dim=-2) if len(hs) > 1 else hs[0], (C, n, m)
 
