@@ -12,6 +12,7 @@
 // Layout per block: q, k [L, Dk], v [L, Dv], log_i, log_f [L], C0 [Dk, Dv], n0 [Dk], m0 [1]; row-major.
 #include <cstring>
 
+#include "block_gemm.h"
 #include "loops.h"
 
 namespace {
@@ -28,6 +29,12 @@ set_threads_fn g_set_local_threads = nullptr;
 // A row-major matrix is its transpose in column-major order, so this is C^T = op(B)^T op(A)^T there.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
           int ldb, float beta, float* C, int ldc) {
+#ifdef OWN_GEMM
+    thread_local std::vector<float> scratch;
+    if (trans_b && scratch.size() < size_t(K) * N) scratch.resize(size_t(K) * N);
+    xlstm_zoo::block_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta != 0.0f, C, ldc, scratch.data());
+    return;
+#endif
     const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
     g_sgemm(&tb, &ta, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
 }

@@ -1,0 +1,87 @@
+// Row-major matrix products for the small matrices of one mLSTM chunk block (64 x 64 at the defaults),
+// which sit in the calling thread's cache. A BLAS call pays for packing its operands first, which at
+// these sizes costs about as much as the arithmetic; here the product runs from the operands in place,
+// with register tiles of 4 rows x 16-64 columns of GCC/Clang vector types (AVX-512 or AVX2 under
+// -march=native, SSE otherwise).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=fast")  // a + b * c as one fused multiply-add (Clang contracts by default)
+#endif
+
+namespace xlstm_zoo {
+
+constexpr int kLanes = 16;
+typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float)), aligned(sizeof(float))));
+
+inline vfloat vload(const float* p) {
+    vfloat v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+inline void vstore(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+
+// C[i0:i0+MR, j0:j0+16 NV] (+)= op(A) B, op(A) = A [M, K] or A^T for A [K, M].
+template <bool TransA, int MR, int NV>
+inline void tile(int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc, bool accumulate,
+                 int i0, int j0) {
+    vfloat acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v)
+            acc[r][v] = accumulate ? vload(C + int64_t(i0 + r) * ldc + j0 + v * kLanes) : vfloat{};
+    for (int k = 0; k < K; ++k) {
+        const float* b_row = B + int64_t(k) * ldb + j0;
+        vfloat b[NV];
+        for (int v = 0; v < NV; ++v) b[v] = vload(b_row + v * kLanes);
+        for (int r = 0; r < MR; ++r) {
+            const float a = TransA ? A[int64_t(k) * lda + i0 + r] : A[int64_t(i0 + r) * lda + k];
+            for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+        }
+    }
+    for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) vstore(C + int64_t(i0 + r) * ldc + j0 + v * kLanes, acc[r][v]);
+}
+
+template <bool TransA, int NV>
+inline void column_block(int M, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+                         bool accumulate, int j0) {
+    int i = 0;
+    for (; i + 4 <= M; i += 4) tile<TransA, 4, NV>(K, A, lda, B, ldb, C, ldc, accumulate, i, j0);
+    for (; i < M; ++i) tile<TransA, 1, NV>(K, A, lda, B, ldb, C, ldc, accumulate, i, j0);
+}
+
+// C [M, N] (+)= op(A) B with B [K, N].
+template <bool TransA>
+void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+                  bool accumulate) {
+    int j = 0;
+    for (; j + 4 * kLanes <= N; j += 4 * kLanes) column_block<TransA, 4>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
+    for (; j + 2 * kLanes <= N; j += 2 * kLanes) column_block<TransA, 2>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
+    for (; j + kLanes <= N; j += kLanes) column_block<TransA, 1>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
+    for (; j < N; ++j)  // the last N % 16 columns
+        for (int i = 0; i < M; ++i) {
+            float sum = accumulate ? C[int64_t(i) * ldc + j] : 0.0f;
+            for (int k = 0; k < K; ++k)
+                sum += (TransA ? A[int64_t(k) * lda + i] : A[int64_t(i) * lda + k]) * B[int64_t(k) * ldb + j];
+            C[int64_t(i) * ldc + j] = sum;
+        }
+}
+
+// Row-major C [M, N] (+)= op(A) op(B), op(A) [M, K], op(B) [K, N]; ld* are row strides. A transposed B
+// ([N, K] stored) is first copied transposed into scratch (K * N floats).
+inline void block_gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                       int ldb, bool accumulate, float* C, int ldc, float* scratch) {
+    if (trans_b) {
+        for (int n = 0; n < N; ++n)
+            for (int k = 0; k < K; ++k) scratch[int64_t(k) * N + n] = B[int64_t(n) * ldb + k];
+        B = scratch;
+        ldb = N;
+    }
+    if (trans_a) gemm_b_plain<true>(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+    else gemm_b_plain<false>(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+}  // namespace xlstm_zoo
