@@ -26,8 +26,7 @@ MLSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (gradch
 
 KERNELS = (
     Kernel("mlstm", "chunkwise", "cpp", mlstm_sequence, devices=("cpu",), dtypes=MLSTM_DTYPES,
-           notes="intra-chunk core in C++ per (batch-head, chunk) block, computed in float32; a torch without MKL "
-                 "uses the reference core"),
+           notes="intra-chunk core in C++ per (batch-head, chunk) block, computed in float32"),
     Kernel("slstm", "sequence", "cpp", slstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
            notes="C++ forward and backward loops; halves compute in float32"),
     Kernel("lstm", "sequence", "cpp", lstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp")
-HEADERS = (HERE / "loops.h",)
+HEADERS = (HERE / "loops.h", HERE / "block_gemm.h")
 LIBRARY = "libxlstm_zoo_loops.so"
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
 # process's OpenMP runtime, torch's (see parallel_rows in loops.h). Vector maths: the gate maths uses
@@ -143,8 +143,7 @@ def _load(path: Path) -> ctypes.CDLL:
             fn.argtypes, fn.restype = argtypes, None
     f32 = ctypes.c_float
     for name, argtypes in {"mlstm_chunk_forward_f32": [ptr] * 12 + [i64] * 4 + [f32, i64],
-                           "mlstm_chunk_backward_f32": [ptr] * 20 + [i64] * 4 + [f32, i64],
-                           "mlstm_set_blas": [ptr] * 2}.items():
+                           "mlstm_chunk_backward_f32": [ptr] * 20 + [i64] * 4 + [f32, i64]}.items():
         fn = getattr(lib, f"xlstm_zoo_{name}")
         fn.argtypes, fn.restype = argtypes, None
     return lib

@@ -2,19 +2,15 @@
 
 Everything around the core (gate preparation, the chunk-boundary states, the tail chunk) is the reference
 chunkwise form's; only :func:`chunk_core` differs: one thread per (batch-head, chunk) block, the block's
-[L, L] matrices kept in cache, its small matmuls through torch's own BLAS (MKL's sgemm, found in
-``libtorch_cpu.so``). The gradient is that of
-:mod:`xlstm_zoo.backends.reference.mlstm.chunkwise_backward`, ties and readout floor included.
+[L, L] matrices kept in cache, its small matrix products computed in place (``block_gemm.h``). The
+gradient is that of :mod:`xlstm_zoo.backends.reference.mlstm.chunkwise_backward`, ties and readout floor
+included.
 
-The compiled core runs float32 (the compute dtype of fp32, bf16 and fp16 inputs); float64 and a torch
-without MKL's symbols use the reference core.
+The compiled core runs float32 (the compute dtype of fp32, bf16 and fp16 inputs); float64 uses the
+reference core.
 """
 
 from __future__ import annotations
-
-import ctypes
-import functools
-from pathlib import Path
 
 import torch
 
@@ -24,32 +20,11 @@ from xlstm_zoo.backends.reference.mlstm import mlstm_sequence as reference_seque
 from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core as reference_core
 from xlstm_zoo.backends.states import MLSTMState
 
-__all__ = ["blas_unavailable_reason", "chunk_core", "mlstm_sequence"]
-
-# MKL's sgemm (Fortran interface) and its C call for a per-thread thread count, both exported by the
-# CPU wheels' libtorch_cpu.so (MKL linked in statically).
-BLAS_SYMBOLS = ("sgemm_", "MKL_Set_Num_Threads_Local")
-
-
-@functools.cache
-def blas_unavailable_reason() -> str | None:
-    """None once the compiled core has its BLAS (handed to the library once per process), else why not."""
-    path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    try:
-        lib = library()
-    except RuntimeError as err:
-        return str(err)
-    try:
-        torch_lib = ctypes.CDLL(str(path))
-        found = [ctypes.cast(getattr(torch_lib, name), ctypes.c_void_p) for name in BLAS_SYMBOLS]
-    except (OSError, AttributeError) as err:
-        return f"torch's MKL ({', '.join(BLAS_SYMBOLS)} in {path.name}) not found: {err}"
-    lib.xlstm_zoo_mlstm_set_blas(*found)
-    return None
+__all__ = ["chunk_core", "mlstm_sequence"]
 
 
 def _compiled(*tensors) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and blas_unavailable_reason() is None
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -10,34 +10,14 @@
 // The maths, including where the function is not smooth (ties of the stabiliser's maxima, the readout
 // floor), is that of chunkwise_backward.py and parallel.py; the Python side's docstrings say why.
 // Layout per block: q, k [L, Dk], v [L, Dv], log_i, log_f [L], C0 [Dk, Dv], n0 [Dk], m0 [1]; row-major.
-#include <cstring>
-
 #include "block_gemm.h"
 #include "loops.h"
 
 namespace {
 
-// The BLAS sgemm (Fortran interface, column-major, 32-bit ints) and MKL's per-thread thread count, both
-// found in the process's torch library by the Python side and handed over once.
-using sgemm_fn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
-                          const int*, const float*, const int*, const float*, float*, const int*);
-using set_threads_fn = int (*)(int);
-sgemm_fn g_sgemm = nullptr;
-set_threads_fn g_set_local_threads = nullptr;
-
-// Row-major C [M, N] = alpha op(A) op(B) + beta C, with op(A) [M, K] and op(B) [K, N]; ld* are row strides.
-// A row-major matrix is its transpose in column-major order, so this is C^T = op(B)^T op(A)^T there.
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-          int ldb, float beta, float* C, int ldc) {
-#ifdef OWN_GEMM
-    thread_local std::vector<float> scratch;
-    if (trans_b && scratch.size() < size_t(K) * N) scratch.resize(size_t(K) * N);
-    xlstm_zoo::block_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta != 0.0f, C, ldc, scratch.data());
-    return;
-#endif
-    const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
-    g_sgemm(&tb, &ta, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
-}
+// Row-major C [M, N] = op(A) op(B) (+ C if accumulate), op(A) [M, K] and op(B) [K, N]; ld* are row
+// strides; scratch holds K * N floats (a transposed B is copied there first).
+using xlstm_zoo::block_gemm;
 
 constexpr float kFloorLogMax = 80.0f;  // readout floor exp(-m), -m clamped here (step.py: FLOOR_LOG_MAX)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -107,11 +87,12 @@ struct Forward {
 
 // One thread's buffers, reused for each of its blocks (the backward's on top of the forward's).
 struct Workspace {
-    std::vector<float> x, d, scores, lw0x, w0, q_n0, m;
+    std::vector<float> x, d, scores, lw0x, w0, q_n0, m, bt;
     std::vector<float> dnum, dqn, dm, dw0, d_lw0, d_scores, d_qk, G, buf_lv;
     std::vector<double> seg, below;
     Workspace(const Sizes& s, bool backward)
-        : x(s.L * s.L), d(s.L * s.L), scores(s.L * s.L), lw0x(s.L), w0(s.L), q_n0(s.L), m(s.L), seg(s.L) {
+        : x(s.L * s.L), d(s.L * s.L), scores(s.L * s.L), lw0x(s.L), w0(s.L), q_n0(s.L), m(s.L),
+          bt(std::max({s.L, s.Dk, s.Dv}) * std::max({s.L, s.Dk, s.Dv})), seg(s.L) {
         if (!backward) return;
         const int64_t L = s.L;
         dnum.resize(L * s.Dv), dqn.resize(L), dm.resize(L), dw0.resize(L), d_lw0.resize(L);
@@ -122,7 +103,7 @@ struct Workspace {
 // Scores (q k^T) * d and the initial state's terms, shared by the forward and the backward's recompute.
 void scores_and_state_terms(const Sizes& s, const float* q, const float* k, const float* n0, Workspace& w) {
     const int L = s.L, Dk = s.Dk;
-    gemm(false, true, L, L, Dk, 1.0f, q, Dk, k, Dk, 0.0f, w.scores.data(), L);
+    block_gemm(false, true, L, L, Dk, q, Dk, k, Dk, false, w.scores.data(), L, w.bt.data());
     for (int64_t i = 0; i < s.L * s.L; ++i) w.scores[i] *= w.d[i];
     for (int t = 0; t < L; ++t) w.q_n0[t] = dot(n0, q + int64_t(t) * Dk, Dk);
 }
@@ -136,12 +117,12 @@ void forward_block(const Forward& p, int64_t b, Workspace& w) {
     decay(s, p.log_i + b * L, p.log_f + b * L, p.m0[b], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
     scores_and_state_terms(s, q, k, n0, w);
     // num = w0 * (q C0) + scores v, accumulated in h
-    gemm(false, false, L, Dv, Dk, 1.0f, q, Dk, C0, Dv, 0.0f, h, Dv);
+    block_gemm(false, false, L, Dv, Dk, q, Dk, C0, Dv, false, h, Dv, w.bt.data());
     for (int t = 0; t < L; ++t) {
         float* hr = h + int64_t(t) * Dv;
         for (int j = 0; j < Dv; ++j) hr[j] *= w.w0[t];
     }
-    gemm(false, false, L, Dv, L, 1.0f, w.scores.data(), L, v, Dv, 1.0f, h, Dv);
+    block_gemm(false, false, L, Dv, L, w.scores.data(), L, v, Dv, true, h, Dv, w.bt.data());
     for (int t = 0; t < L; ++t) {
         const float* sr = w.scores.data() + int64_t(t) * L;
         float row = 0.0f;
@@ -191,7 +172,7 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
     // Initial-state terms: num += w0 (q C0), qn += w0 (q . n0). With G = dnum C0^T:
     // d w0 = q . G + dqn (q . n0), dq = w0 G + dqn w0 n0, dC0 = q^T (w0 dnum), dn0 = q^T (dqn w0).
     float* G = w.G.data();
-    gemm(false, true, L, Dk, Dv, 1.0f, dnum, Dv, C0, Dv, 0.0f, G, Dk);
+    block_gemm(false, true, L, Dk, Dv, dnum, Dv, C0, Dv, false, G, Dk, w.bt.data());
     std::fill(dn0, dn0 + Dk, 0.0f);
     for (int t = 0; t < L; ++t) {
         const float* qr = q + int64_t(t) * Dk;
@@ -207,16 +188,16 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
     float* dq_c0 = w.buf_lv.data();
     for (int t = 0; t < L; ++t)
         for (int j = 0; j < Dv; ++j) dq_c0[int64_t(t) * Dv + j] = w0[t] * dnum[int64_t(t) * Dv + j];
-    gemm(true, false, Dk, Dv, L, 1.0f, q, Dk, dq_c0, Dv, 0.0f, dC0, Dv);
+    block_gemm(true, false, Dk, Dv, L, q, Dk, dq_c0, Dv, false, dC0, Dv, w.bt.data());
 
     // Intra-chunk terms: num += scores v, qn += rowsum(scores), scores = (q k^T) * d.
-    gemm(false, true, L, L, Dv, 1.0f, dnum, Dv, v, Dv, 0.0f, d_scores, L);
+    block_gemm(false, true, L, L, Dv, dnum, Dv, v, Dv, false, d_scores, L, w.bt.data());
     for (int t = 0; t < L; ++t)
         for (int c = 0; c < L; ++c) d_scores[int64_t(t) * L + c] += dqn[t];
-    gemm(true, false, L, Dv, L, 1.0f, scores, L, dnum, Dv, 0.0f, dv, Dv);
+    block_gemm(true, false, L, Dv, L, scores, L, dnum, Dv, false, dv, Dv, w.bt.data());
     for (int64_t i = 0; i < int64_t(L) * L; ++i) d_qk[i] = d_scores[i] * d[i];
-    gemm(false, false, L, Dk, L, 1.0f, d_qk, L, k, Dk, 1.0f, dq, Dk);
-    gemm(true, false, L, Dk, L, 1.0f, d_qk, L, q, Dk, 0.0f, dk, Dk);
+    block_gemm(false, false, L, Dk, L, d_qk, L, k, Dk, true, dq, Dk, w.bt.data());
+    block_gemm(true, false, L, Dk, L, d_qk, L, q, Dk, false, dk, Dk, w.bt.data());
 
     // d = exp(log D - m): d loss / d log D = d_scores * scores (kept in d_scores).
     float* g = d_scores;
@@ -268,34 +249,16 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
     p.dm0[b] = static_cast<float>(dm0);
 }
 
-// One thread's worker: its buffers, and the BLAS kept on this thread (MKL's per-thread setting, restored
-// when the worker is done) so that the small matmuls called here start no threads of their own.
-template <typename P>
-struct BlockWorker {
-    const P& p;
-    void (*block)(const P&, int64_t, Workspace&);
-    Workspace w;
-    int previous_threads;
-    BlockWorker(const P& p, void (*block)(const P&, int64_t, Workspace&), bool backward)
-        : p(p), block(block), w(p.s, backward), previous_threads(g_set_local_threads(1)) {}
-    BlockWorker(const BlockWorker&) = delete;
-    ~BlockWorker() { g_set_local_threads(previous_threads); }
-    void operator()(int64_t b) { block(p, b, w); }
-};
-
 template <typename P>
 void run_blocks(const P& p, void (*block)(const P&, int64_t, Workspace&), bool backward, int64_t threads) {
-    xlstm_zoo::parallel_rows(p.s.blocks, threads, [&]() { return BlockWorker<P>(p, block, backward); });
+    xlstm_zoo::parallel_rows(p.s.blocks, threads, [&]() {
+        return [&p, block, w = Workspace(p.s, backward)](int64_t b) mutable { block(p, b, w); };
+    });
 }
 
 }  // namespace
 
 extern "C" {
-
-void xlstm_zoo_mlstm_set_blas(void* sgemm, void* set_local_threads) {
-    g_sgemm = reinterpret_cast<sgemm_fn>(sgemm);
-    g_set_local_threads = reinterpret_cast<set_threads_fn>(set_local_threads);
-}
 
 void xlstm_zoo_mlstm_chunk_forward_f32(const float* q, const float* k, const float* v, const float* log_i,
                                        const float* log_f, const float* C0, const float* n0, const float* m0,
