@@ -1,26 +1,28 @@
-"""mLSTM chunkwise form with the intra-chunk core, forward and backward, compiled from C++ (``mlstm_chunk.cpp``).
+"""mLSTM chunkwise form with its two per-chunk steps, forward and backward, compiled from C++ (``mlstm_chunk.cpp``).
 
-Everything around the core (gate preparation, the chunk-boundary states, the tail chunk) is the reference
-chunkwise form's; only :func:`chunk_core` differs: one thread per (batch-head, chunk) block, the block's
-[L, L] matrices kept in cache, its small matrix products computed in place (``block_gemm.h``). The
-gradient is that of :mod:`xlstm_zoo.backends.reference.mlstm.chunkwise_backward`, ties and readout floor
-included.
+Everything else (gate preparation, mixing the chunk sums into entering states, the tail chunk) is the
+reference chunkwise form's. The compiled steps are :func:`chunk_sums` (each chunk's keys and values summed
+into a state) and :func:`chunk_core` (each chunk's outputs from its entering state): one thread per
+(batch-head, chunk) block, the block's matrices kept in cache, its small matrix products computed in place
+(``block_gemm.h``). Their gradients are those of :mod:`xlstm_zoo.backends.reference.mlstm.chunkwise_backward`,
+ties and readout floor included.
 
-The compiled core runs float32 (the compute dtype of fp32, bf16 and fp16 inputs); float64 uses the
-reference core.
+They run float32 (the compute dtype of fp32, bf16 and fp16 inputs); float64 uses the reference steps.
 """
 
 from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import library
+from xlstm_zoo.backends.cpp.build import library, pointer
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence as reference_sequence
+from xlstm_zoo.backends.reference.mlstm.chunkwise import ChunkKernels
 from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core as reference_core
+from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_sums as reference_sums
 from xlstm_zoo.backends.states import MLSTMState
 
-__all__ = ["chunk_core", "mlstm_sequence"]
+__all__ = ["chunk_core", "chunk_sums", "mlstm_sequence"]
 
 
 def _compiled(*tensors) -> bool:
@@ -31,36 +33,39 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
-def _forward(q, k, v, log_i, log_f, C0, n0, m0, eps: float):
+def _forward(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, keep_scores: bool = False):
+    """The compiled forward: ``h``, and for the backward the readout's ``qn``, ``den`` and (if asked) the
+    scores ``[..., L, L]``."""
     *lead, L, Dk = q.shape
     Dv = v.shape[-1]
     h = q.new_empty(*lead, L, Dv)
     m, qn, den = (q.new_empty(*lead, L) for _ in range(3))
-    blocks = h.numel() // (L * Dv)
-    library().xlstm_zoo_mlstm_chunk_forward_f32(*(t.data_ptr() for t in (q, k, v, log_i, log_f, C0, n0, m0, h, m, qn, den)),
-                                                blocks, L, Dk, Dv, eps, torch.get_num_threads())
-    return h, qn, den
+    scores = q.new_empty(*lead, L, L) if keep_scores else None
+    library().xlstm_zoo_mlstm_chunk_forward_f32(
+        *(t.data_ptr() for t in (q, k, v, log_i, log_f, C0, n0, m0, h, m, qn, den)), pointer(scores),
+        h.numel() // (L * Dv), L, Dk, Dv, eps, torch.get_num_threads())
+    return h, qn, den, scores
 
 
 class _CppChunkCore(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, log_i, log_f, C0, n0, m0, eps):
         inputs = tuple(map(_flat, (q, k, v, log_i, log_f, C0, n0, m0)))
-        h, qn, den = _forward(*inputs, eps)
+        h, qn, den, scores = _forward(*inputs, eps, keep_scores=True)
         ctx.eps = eps
-        ctx.save_for_backward(*inputs, h, qn, den)
+        ctx.save_for_backward(*inputs, h, qn, den, scores)
         return h
 
     @staticmethod
     def backward(ctx, dh):
-        *inputs, h, qn, den = ctx.saved_tensors
+        *inputs, h, qn, den, scores = ctx.saved_tensors
         q, k, v = inputs[:3]
         *lead, L, Dk = q.shape
         Dv = v.shape[-1]
         dh = _flat(dh)  # held here: a temporary's pointer would dangle by the time of the call
         grads = [torch.empty_like(t) for t in inputs]
         library().xlstm_zoo_mlstm_chunk_backward_f32(
-            *(t.data_ptr() for t in (*inputs, h, qn, den, dh)), *(g.data_ptr() for g in grads),
+            *(t.data_ptr() for t in (*inputs, h, qn, den, scores, dh)), *(g.data_ptr() for g in grads),
             h.numel() // (L * Dv), L, Dk, Dv, ctx.eps, torch.get_num_threads())
         return (*grads, None)
 
@@ -76,9 +81,51 @@ def chunk_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float):
     return _forward(*map(_flat, inputs), eps)[0]
 
 
+def _sums_forward(k, v, a):
+    *lead, L, Dk = k.shape
+    Dv = v.shape[-1]
+    C, n = k.new_empty(*lead, Dk, Dv), k.new_empty(*lead, Dk)
+    library().xlstm_zoo_mlstm_chunk_sums_forward_f32(k.data_ptr(), v.data_ptr(), a.data_ptr(), C.data_ptr(), n.data_ptr(),
+                                                     C.numel() // (Dk * Dv), L, Dk, Dv, torch.get_num_threads())
+    return C, n
+
+
+class _CppChunkSums(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, k, v, a):
+        k, v, a = map(_flat, (k, v, a))
+        ctx.save_for_backward(k, v, a)
+        return _sums_forward(k, v, a)
+
+    @staticmethod
+    def backward(ctx, dC, dn):
+        k, v, a = ctx.saved_tensors
+        dC, dn = _flat(dC), _flat(dn)  # held here, as in _CppChunkCore.backward
+        dk, dv, da = torch.empty_like(k), torch.empty_like(v), torch.empty_like(a)
+        *_, L, Dk = k.shape
+        Dv = v.shape[-1]
+        library().xlstm_zoo_mlstm_chunk_sums_backward_f32(
+            *(t.data_ptr() for t in (k, v, a, dC, dn, dk, dv, da)), dC.numel() // (Dk * Dv), L, Dk, Dv,
+            torch.get_num_threads())
+        return dk, dv, da
+
+
+def chunk_sums(k, v, a):
+    """The reference :func:`~xlstm_zoo.backends.reference.mlstm.chunkwise_backward.chunk_sums`' contract,
+    compiled for float32 CPU tensors (the reference step otherwise)."""
+    if not _compiled(k, v, a):
+        return reference_sums(k, v, a)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, a)):
+        return _CppChunkSums.apply(k, v, a)
+    return _sums_forward(*map(_flat, (k, v, a)))
+
+
+KERNELS = ChunkKernels(sums=chunk_sums, core=chunk_core)
+
+
 def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
                    qk_scale: float | None = None, eps: float = 1e-6, form: str = "chunkwise",
                    chunk_size: int = 64) -> tuple[torch.Tensor, MLSTMState]:
-    """The reference ``mlstm_sequence`` with the compiled chunk core."""
+    """The reference ``mlstm_sequence`` with the compiled per-chunk steps."""
     return reference_sequence(q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps, form=form,
-                              chunk_size=chunk_size, core=chunk_core)
+                              chunk_size=chunk_size, kernels=KERNELS)

@@ -3,9 +3,10 @@
 // The PyTorch core (backends/reference/mlstm/chunkwise_backward.py) runs each step over all blocks at
 // once: every [L, L] intermediate is a 4 MiB tensor at B=4 H=4 T=1024 L=64, so each of its ~35 passes
 // and 13 batched matmuls streams through memory. Here a thread takes one block, keeps its [L, L]
-// matrices (16 KiB each at L=64) in its own cache for the whole chain and calls the BLAS for the
-// block's small matmuls. The backward recomputes the decay matrix and the scores from q, k and the
-// gates instead of keeping three [L, L] tensors per block from the forward.
+// matrices (16 KiB each at L=64) in its own cache for the whole chain and multiplies its small matrices
+// in place (block_gemm.h). For the backward the forward keeps one [L, L] tensor per block, the scores
+// (a product to recompute), and the backward recomputes the decay matrix from the gates (the reference
+// core keeps three [L, L] tensors).
 //
 // The maths, including where the function is not smooth (ties of the stabiliser's maxima, the readout
 // floor), is that of chunkwise_backward.py and parallel.py; the Python side's docstrings say why.
@@ -83,29 +84,33 @@ struct Forward {
     Sizes s;
     const float *q, *k, *v, *log_i, *log_f, *C0, *n0, *m0;
     float *h, *m, *qn, *den;  // outputs: h [L, Dv]; the row stabiliser, q.n and the denominator [L]
+    float* scores;            // optional output [L, L] (null: not kept)
 };
 
 // One thread's buffers, reused for each of its blocks (the backward's on top of the forward's).
 struct Workspace {
-    std::vector<float> x, d, scores, lw0x, w0, q_n0, m, bt;
-    std::vector<float> dnum, dqn, dm, dw0, d_lw0, d_scores, d_qk, G, buf_lv;
+    std::vector<float> x, d, scores, lw0x, w0, q_n0, m, G, bt;
+    std::vector<float> dnum, dqn, dm, dw0, d_lw0, d_scores, d_qk, buf_lv;
     std::vector<double> seg, below;
     Workspace(const Sizes& s, bool backward)
         : x(s.L * s.L), d(s.L * s.L), scores(s.L * s.L), lw0x(s.L), w0(s.L), q_n0(s.L), m(s.L),
-          bt(std::max({s.L, s.Dk, s.Dv}) * std::max({s.L, s.Dk, s.Dv})), seg(s.L) {
+          G(s.L * s.Dk), bt(std::max({s.L, s.Dk, s.Dv}) * std::max({s.L, s.Dk, s.Dv})), seg(s.L) {
         if (!backward) return;
         const int64_t L = s.L;
         dnum.resize(L * s.Dv), dqn.resize(L), dm.resize(L), dw0.resize(L), d_lw0.resize(L);
-        d_scores.resize(L * L), d_qk.resize(L * L), G.resize(L * s.Dk), buf_lv.resize(L * s.Dv), below.resize(L);
+        d_scores.resize(L * L), d_qk.resize(L * L), buf_lv.resize(L * s.Dv), below.resize(L);
     }
 };
 
-// Scores (q k^T) * d and the initial state's terms, shared by the forward and the backward's recompute.
-void scores_and_state_terms(const Sizes& s, const float* q, const float* k, const float* n0, Workspace& w) {
-    const int L = s.L, Dk = s.Dk;
-    block_gemm(false, true, L, L, Dk, q, Dk, k, Dk, false, w.scores.data(), L, w.bt.data());
-    for (int64_t i = 0; i < s.L * s.L; ++i) w.scores[i] *= w.d[i];
-    for (int t = 0; t < L; ++t) w.q_n0[t] = dot(n0, q + int64_t(t) * Dk, Dk);
+// Scores (q k^T) * d into `scores` [L, L] (the forward's; the backward reads them back).
+void compute_scores(const Sizes& s, const float* q, const float* k, float* scores, Workspace& w) {
+    block_gemm(false, true, s.L, s.L, s.Dk, q, s.Dk, k, s.Dk, false, scores, s.L, w.bt.data());
+    for (int64_t i = 0; i < s.L * s.L; ++i) scores[i] *= w.d[i];
+}
+
+// q . n0 for each row (the initial state's term of the normaliser).
+void state_terms(const Sizes& s, const float* q, const float* n0, Workspace& w) {
+    for (int t = 0; t < s.L; ++t) w.q_n0[t] = dot(n0, q + t * s.Dk, s.Dk);
 }
 
 void forward_block(const Forward& p, int64_t b, Workspace& w) {
@@ -115,17 +120,20 @@ void forward_block(const Forward& p, int64_t b, Workspace& w) {
     const float *C0 = p.C0 + b * Dk * Dv, *n0 = p.n0 + b * Dk;
     float *h = p.h + b * L * Dv, *m = p.m + b * L, *qn = p.qn + b * L, *den = p.den + b * L;
     decay(s, p.log_i + b * L, p.log_f + b * L, p.m0[b], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
-    scores_and_state_terms(s, q, k, n0, w);
+    float* scores = p.scores ? p.scores + b * L * L : w.scores.data();  // kept for the backward when asked
+    compute_scores(s, q, k, scores, w);
+    state_terms(s, q, n0, w);
     // num = w0 * (q C0) + scores v, accumulated in h
     block_gemm(false, false, L, Dv, Dk, q, Dk, C0, Dv, false, h, Dv, w.bt.data());
     for (int t = 0; t < L; ++t) {
         float* hr = h + int64_t(t) * Dv;
         for (int j = 0; j < Dv; ++j) hr[j] *= w.w0[t];
     }
-    block_gemm(false, false, L, Dv, L, w.scores.data(), L, v, Dv, true, h, Dv, w.bt.data());
+    block_gemm(false, false, L, Dv, L, scores, L, v, Dv, true, h, Dv, w.bt.data());
     for (int t = 0; t < L; ++t) {
-        const float* sr = w.scores.data() + int64_t(t) * L;
+        const float* sr = scores + int64_t(t) * L;
         float row = 0.0f;
+        XLSTM_ZOO_SIMD_REDUCE(+ : row)
         for (int c = 0; c < L; ++c) row += sr[c];
         qn[t] = row + w.w0[t] * w.q_n0[t];
         den[t] = xlstm_zoo::nan_max(std::abs(qn[t]), readout_floor(m[t])) + s.eps;
@@ -137,6 +145,7 @@ void forward_block(const Forward& p, int64_t b, Workspace& w) {
 struct Backward {
     Sizes s;
     const float *q, *k, *v, *log_i, *log_f, *C0, *n0, *m0, *h, *qn, *den, *dh;
+    const float* scores;  // the forward's [L, L] per block
     float *dq, *dk, *dv, *dlog_i, *dlog_f, *dC0, *dn0, *dm0;
 };
 
@@ -150,8 +159,9 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
     float *dlog_i = p.dlog_i + b * L, *dlog_f = p.dlog_f + b * L, *dC0 = p.dC0 + b * Dk * Dv, *dn0 = p.dn0 + b * Dk;
     float* m = w.m.data();  // recomputed: the same operations as the forward's
     decay(s, p.log_i + b * L, p.log_f + b * L, p.m0[b], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
-    scores_and_state_terms(s, q, k, n0, w);
-    const float *x = w.x.data(), *d = w.d.data(), *scores = w.scores.data(), *w0 = w.w0.data();
+    const float* scores = p.scores + b * L * L;
+    state_terms(s, q, n0, w);
+    const float *x = w.x.data(), *d = w.d.data(), *w0 = w.w0.data();
 
     // Readout h = num / den, den = max(|qn|, floor(m)) + eps.
     float *dnum = w.dnum.data(), *dqn = w.dqn.data(), *dm = w.dm.data(), *dw0 = w.dw0.data(), *d_lw0 = w.d_lw0.data();
@@ -205,6 +215,7 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
     for (int t = 0; t < L; ++t) {
         const float* gr = g + int64_t(t) * L;
         float row = 0.0f;
+        XLSTM_ZOO_SIMD_REDUCE(+ : row)
         for (int c = 0; c < L; ++c) row += gr[c];
         d_lw0[t] = dw0[t] * w0[t];
         dm[t] -= row + d_lw0[t];
@@ -214,39 +225,77 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
     for (int t = 0; t < L; ++t) {
         const float* xr = x + int64_t(t) * L;
         int count = 0;
+        XLSTM_ZOO_SIMD_REDUCE(+ : count)
         for (int c = 0; c <= t; ++c) count += xr[c] == 0.0f;
         const bool amax_wins = count > 0, w0_wins = w.lw0x[t] == 0.0f;
         const float split = amax_wins && w0_wins ? dm[t] / 2 : dm[t];
         if (amax_wins) {
             const float share = split / count;
             float* gr = g + int64_t(t) * L;
-            for (int c = 0; c <= t; ++c)
-                if (xr[c] == 0.0f) gr[c] += share;
+            XLSTM_ZOO_SIMD
+            for (int c = 0; c <= t; ++c) gr[c] += xr[c] == 0.0f ? share : 0.0f;
         }
         if (w0_wins) d_lw0[t] += split;
     }
-    // log D_ts = sum_{s<r<=t} log f_r + log i_s: dlog_i_s = column sums; dlog_f_r = sum_{t>=r} sum_{s<r} g_ts
-    // (row prefix sums, plain sums), plus the initial state's log weight sum_{r<=t} log f_r + m0.
-    std::fill(dlog_i, dlog_i + L, 0.0f);
-    double* below = w.below.data();  // below[c] = sum_{t>c} sum_{s<=c} g_ts
-    std::fill(below, below + L, 0.0);
-    for (int t = 0; t < L; ++t) {
-        const float* gr = g + int64_t(t) * L;
-        float prefix = 0.0f;
-        for (int c = 0; c < t; ++c) {
-            dlog_i[c] += gr[c];
-            prefix += gr[c];
-            below[c] += prefix;
-        }
-        dlog_i[t] += gr[t];
-    }
+    // log D_ts = sum_{s<r<=t} log f_r + log i_s: dlog_i_s = sum_t g_ts; dlog_f_r = sum_{t>=r} sum_{s<r} g_ts,
+    // plus the initial state's log weight sum_{r<=t} log f_r + m0. Both from the column sums over the rows
+    // t >= r, U_s = sum_{t>=r} g_ts, taken row by row from the bottom (plain sums, vectorised over s).
+    double* U = w.below.data();
+    std::fill(U, U + L, 0.0);
     double suffix = 0.0, dm0 = 0.0;
     for (int r = L - 1; r >= 0; --r) {
+        const float* gr = g + int64_t(r) * L;
+        XLSTM_ZOO_SIMD
+        for (int c = 0; c <= r; ++c) U[c] += gr[c];
+        double left = 0.0;  // sum_{s<r} U_s
+        XLSTM_ZOO_SIMD_REDUCE(+ : left)
+        for (int c = 0; c < r; ++c) left += U[c];
         suffix += d_lw0[r];
-        dlog_f[r] = static_cast<float>(suffix) + (r > 0 ? static_cast<float>(below[r - 1]) : 0.0f);
+        dlog_f[r] = static_cast<float>(suffix + left);
         dm0 += d_lw0[r];
     }
+    for (int c = 0; c < L; ++c) dlog_i[c] = static_cast<float>(U[c]);
     p.dm0[b] = static_cast<float>(dm0);
+}
+
+// Chunk sums (chunkwise_backward.py's _ChunkSums): C = (a k)^T v [Dk, Dv] and n = sum_t a_t k_t [Dk] per
+// block, and their backward: with dk_w = v dC^T + dn, dk = a dk_w, dv = (a k) dC, da_t = dk_w[t] . k[t].
+struct Sums {
+    Sizes s;
+    const float *k, *v, *a, *dC, *dn;
+    float *C, *n, *dk, *dv, *da;
+};
+
+void sums_forward_block(const Sums& p, int64_t b, Workspace& w) {
+    const int L = p.s.L, Dk = p.s.Dk, Dv = p.s.Dv;
+    const float *k = p.k + b * L * Dk, *a = p.a + b * L;
+    float* k_w = w.G.data();
+    float* n = p.n + b * Dk;
+    std::fill(n, n + Dk, 0.0f);
+    for (int t = 0; t < L; ++t)
+        for (int i = 0; i < Dk; ++i) {
+            k_w[int64_t(t) * Dk + i] = a[t] * k[int64_t(t) * Dk + i];
+            n[i] += k_w[int64_t(t) * Dk + i];
+        }
+    block_gemm(true, false, Dk, Dv, L, k_w, Dk, p.v + b * L * Dv, Dv, false, p.C + b * Dk * Dv, Dv, w.bt.data());
+}
+
+void sums_backward_block(const Sums& p, int64_t b, Workspace& w) {
+    const int L = p.s.L, Dk = p.s.Dk, Dv = p.s.Dv;
+    const float *k = p.k + b * L * Dk, *v = p.v + b * L * Dv, *a = p.a + b * L;
+    const float *dC = p.dC + b * Dk * Dv, *dn = p.dn + b * Dk;
+    float *dk = p.dk + b * L * Dk, *da = p.da + b * L;
+    float* k_w = w.G.data();
+    for (int t = 0; t < L; ++t)
+        for (int i = 0; i < Dk; ++i) k_w[int64_t(t) * Dk + i] = a[t] * k[int64_t(t) * Dk + i];
+    block_gemm(false, false, L, Dv, Dk, k_w, Dk, dC, Dv, false, p.dv + b * L * Dv, Dv, w.bt.data());
+    for (int t = 0; t < L; ++t) std::copy(dn, dn + Dk, dk + int64_t(t) * Dk);  // dk_w, built in dk
+    block_gemm(false, true, L, Dk, Dv, v, Dv, dC, Dv, true, dk, Dk, w.bt.data());
+    for (int t = 0; t < L; ++t) {
+        float* row = dk + int64_t(t) * Dk;
+        da[t] = dot(row, k + int64_t(t) * Dk, Dk);
+        for (int i = 0; i < Dk; ++i) row[i] *= a[t];
+    }
 }
 
 template <typename P>
@@ -262,21 +311,34 @@ extern "C" {
 
 void xlstm_zoo_mlstm_chunk_forward_f32(const float* q, const float* k, const float* v, const float* log_i,
                                        const float* log_f, const float* C0, const float* n0, const float* m0,
-                                       float* h, float* m, float* qn, float* den, int64_t blocks, int64_t L,
-                                       int64_t Dk, int64_t Dv, float eps, int64_t threads) {
-    const Forward p{{blocks, L, Dk, Dv, eps}, q, k, v, log_i, log_f, C0, n0, m0, h, m, qn, den};
+                                       float* h, float* m, float* qn, float* den, float* scores, int64_t blocks,
+                                       int64_t L, int64_t Dk, int64_t Dv, float eps, int64_t threads) {
+    const Forward p{{blocks, L, Dk, Dv, eps}, q, k, v, log_i, log_f, C0, n0, m0, h, m, qn, den, scores};
     run_blocks(p, forward_block, false, threads);
 }
 
 void xlstm_zoo_mlstm_chunk_backward_f32(const float* q, const float* k, const float* v, const float* log_i,
                                         const float* log_f, const float* C0, const float* n0, const float* m0,
-                                        const float* h, const float* qn, const float* den,
+                                        const float* h, const float* qn, const float* den, const float* scores,
                                         const float* dh, float* dq, float* dk, float* dv, float* dlog_i,
                                         float* dlog_f, float* dC0, float* dn0, float* dm0, int64_t blocks,
                                         int64_t L, int64_t Dk, int64_t Dv, float eps, int64_t threads) {
-    const Backward p{{blocks, L, Dk, Dv, eps}, q, k, v, log_i, log_f, C0, n0, m0, h, qn, den, dh,
+    const Backward p{{blocks, L, Dk, Dv, eps}, q, k, v, log_i, log_f, C0, n0, m0, h, qn, den, dh, scores,
                      dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0};
     run_blocks(p, backward_block, true, threads);
+}
+
+void xlstm_zoo_mlstm_chunk_sums_forward_f32(const float* k, const float* v, const float* a, float* C, float* n,
+                                            int64_t blocks, int64_t L, int64_t Dk, int64_t Dv, int64_t threads) {
+    const Sums p{{blocks, L, Dk, Dv, 0.0f}, k, v, a, nullptr, nullptr, C, n, nullptr, nullptr, nullptr};
+    run_blocks(p, sums_forward_block, false, threads);
+}
+
+void xlstm_zoo_mlstm_chunk_sums_backward_f32(const float* k, const float* v, const float* a, const float* dC,
+                                             const float* dn, float* dk, float* dv, float* da, int64_t blocks,
+                                             int64_t L, int64_t Dk, int64_t Dv, int64_t threads) {
+    const Sums p{{blocks, L, Dk, Dv, 0.0f}, k, v, a, dC, dn, nullptr, nullptr, dk, dv, da};
+    run_blocks(p, sums_backward_block, false, threads);
 }
 
 }  // extern "C"

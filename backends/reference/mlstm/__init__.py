@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
-from xlstm_zoo.backends.reference.mlstm.chunkwise import chunkwise_core, mlstm_chunkwise
-from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core
+from xlstm_zoo.backends.reference.mlstm.chunkwise import REFERENCE_KERNELS, ChunkKernels, chunkwise_core, mlstm_chunkwise
 from xlstm_zoo.backends.reference.mlstm.parallel import mlstm_parallel, parallel_core
 from xlstm_zoo.backends.reference.mlstm.recurrent import mlstm_recurrent, recurrent_core
 from xlstm_zoo.backends.reference.mlstm.step import mlstm_step, prepare
@@ -26,13 +25,13 @@ __all__ = ["FORMS", "mlstm_sequence", "mlstm_step", "mlstm_recurrent", "mlstm_pa
 
 def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
                    qk_scale: float | None = None, eps: float = 1e-6, form: str = "chunkwise",
-                   chunk_size: int = 64, core=chunk_core) -> tuple[torch.Tensor, MLSTMState]:
+                   chunk_size: int = 64, kernels: ChunkKernels = REFERENCE_KERNELS) -> tuple[torch.Tensor, MLSTMState]:
     """mLSTM over a sequence. ``q, k [B,H,T,Dk]``, ``v [B,H,T,Dv]``, ``i_pre, f_pre [B,H,T]``.
 
     ``state`` is an :class:`MLSTMState` or None (zero state: C = n = 0, m = 0). ``qk_scale``
     (default ``Dk ** -0.5``) multiplies q. Readout: ``h = C^T q / (max(|n.q|, exp(-m)) + eps)``.
-    Returns ``h [B,H,T,Dv]`` in ``v``'s dtype and the final state (compute dtype). ``core``: the chunkwise
-    form's intra-chunk core (see :func:`chunkwise_core`).
+    Returns ``h [B,H,T,Dv]`` in ``v``'s dtype and the final state (compute dtype). ``kernels``: the chunkwise
+    form's per-chunk steps (see :func:`chunkwise_core`).
     """
     if form not in FORMS:
         raise ValueError(f"unknown mLSTM form {form!r}; allowed: {', '.join(FORMS)}")
@@ -47,5 +46,5 @@ def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, ga
     elif form == "parallel":
         h, (C, n, m) = parallel_core(q, k, v_c, log_i, log_f, C, n, m, eps)
     else:
-        h, (C, n, m) = chunkwise_core(q, k, v_c, log_i, log_f, C, n, m, eps, chunk_size, core)
+        h, (C, n, m) = chunkwise_core(q, k, v_c, log_i, log_f, C, n, m, eps, chunk_size, kernels)
     return h.to(v.dtype), MLSTMState(C, n, m)

@@ -8,6 +8,8 @@ tail chunk (if ``L`` does not divide T) on its own.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
@@ -17,7 +19,18 @@ from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
 
 
-def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
+class ChunkKernels(NamedTuple):
+    """The two per-chunk steps of the form, swappable for compiled ones (the cpp backend's):
+    ``sums`` is :func:`chunk_sums`' contract, ``core`` :func:`chunk_core`'s."""
+
+    sums: Callable = chunk_sums
+    core: Callable = chunk_core
+
+
+REFERENCE_KERNELS = ChunkKernels()
+
+
+def _chunk_boundary_states(k, v, log_i, log_f, C, n, m, sums=chunk_sums):
     """Chunked tensors ``[..., NC, L, D]``; returns the states entering each chunk (stacked on a
     new ``NC`` axis) and the state after the last one."""
     # Log decay from each position to the end of its chunk, excluding its own forget gate:
@@ -28,7 +41,7 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m):
     log_a = to_end + log_i                                          # [..., NC, L]
     log_a_max = log_a.amax(-1)                                      # [..., NC]
     # [..., NC, Dk, Dv] and [..., NC, Dk], scaled by exp(-a_max)
-    C_chunk, n_chunk = chunk_sums(k, v, torch.exp(log_a - log_a_max.unsqueeze(-1)))
+    C_chunk, n_chunk = sums(k, v, torch.exp(log_a - log_a_max.unsqueeze(-1)))
 
     # The chunk-level recurrence S_c = f_c S_{c-1} + a_c X_c (a whole chunk as the "token") in its
     # parallel form: the same decay matrix and running-max stabiliser as parallel.py, over chunks.
@@ -74,8 +87,8 @@ def segment_length(lead: int, chunk_size: int) -> int:
     return max(1, chunks) * chunk_size
 
 
-def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int, core):
-    """One segment: its full chunks as one batch (``core``), then the shorter tail chunk (if any) on its own."""
+def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int, kernels: ChunkKernels):
+    """One segment: its full chunks as one batch, then the shorter tail chunk (if any) on its own."""
     T = q.shape[-2]
     full = (T // L) * L
     hs = []
@@ -87,8 +100,8 @@ def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int, core):
 
         qc, kc, vc = chunked(q), chunked(k), chunked(v)
         ic, fc = log_i[..., :full].unflatten(-1, (nc, L)), log_f[..., :full].unflatten(-1, (nc, L))
-        (C_in, n_in, m_in), (C, n, m) = _chunk_boundary_states(kc, vc, ic, fc, C, n, m)
-        h = core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps)
+        (C_in, n_in, m_in), (C, n, m) = _chunk_boundary_states(kc, vc, ic, fc, C, n, m, kernels.sums)
+        h = kernels.core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps)
         hs.append(h.flatten(-3, -2))
     if full < T:
         h, (C, n, m) = parallel_core(q[..., full:, :], k[..., full:, :], v[..., full:, :],
@@ -97,11 +110,10 @@ def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int, core):
     return torch.cat(hs, dim=-2) if len(hs) > 1 else hs[0], (C, n, m)
 
 
-def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int, core=chunk_core):
-    """Prepared tensors ``[..., T, D]`` -> ``h [..., T, Dv]``, final ``(C, n, m)``.
-
-    ``core`` computes the full chunks' outputs from their entering states, with :func:`chunk_core`'s
-    arguments and result (the cpp backend passes its compiled one)."""
+def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int,
+                   kernels: ChunkKernels = REFERENCE_KERNELS):
+    """Prepared tensors ``[..., T, D]`` -> ``h [..., T, Dv]``, final ``(C, n, m)``. ``kernels``: the
+    per-chunk steps (the cpp backend passes its compiled ones)."""
     if chunk_size < 1:
         raise ValueError(f"mLSTM chunk_size must be >= 1, got {chunk_size}")
     T = q.shape[-2]
@@ -113,7 +125,7 @@ def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int, 
         # chunked matmuls would copy them several times over, so copy each segment once here.
         q_s, k_s, v_s = (x[..., start:end, :].contiguous() for x in (q, k, v))
         h, (C, n, m) = _segment(q_s, k_s, v_s, log_i[..., start:end], log_f[..., start:end], C, n, m,
-                                eps, chunk_size, core)
+                                eps, chunk_size, kernels)
         hs.append(h)
     return torch.cat(hs, dim=-2) if len(hs) > 1 else hs[0], (C, n, m)
 
