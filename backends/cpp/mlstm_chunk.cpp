@@ -1,4 +1,6 @@
-// The mLSTM chunkwise form's intra-chunk core, forward and backward, one (batch-head, chunk) block at a time.
+// The mLSTM chunkwise form's two per-chunk steps, forward and backward, one (batch-head, chunk) block at a
+// time: the chunk sums (a chunk's keys and values summed into a state) and the intra-chunk core (a chunk's
+// outputs from its entering state).
 //
 // The PyTorch core (backends/reference/mlstm/chunkwise_backward.py) runs each step over all blocks at
 // once: every [L, L] intermediate is a 4 MiB tensor at B=4 H=4 T=1024 L=64, so each of its ~35 passes
@@ -16,9 +18,7 @@
 
 namespace {
 
-// Row-major C [M, N] = op(A) op(B) (+ C if accumulate), op(A) [M, K] and op(B) [K, N]; ld* are row
-// strides; scratch holds K * N floats (a transposed B is copied there first).
-using xlstm_zoo::block_gemm;
+using xlstm_zoo::block_gemm;  // the blocks' small matrix products (block_gemm.h)
 
 constexpr float kFloorLogMax = 80.0f;  // readout floor exp(-m), -m clamped here (step.py: FLOOR_LOG_MAX)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -89,16 +89,18 @@ struct Forward {
 
 // One thread's buffers, reused for each of its blocks (the backward's on top of the forward's).
 struct Workspace {
-    std::vector<float> x, d, scores, lw0x, w0, q_n0, m, G, bt;
-    std::vector<float> dnum, dqn, dm, dw0, d_lw0, d_scores, d_qk, buf_lv;
-    std::vector<double> seg, below;
+    std::vector<float> x, d, scores, lw0x, w0, q_n0, m;
+    std::vector<float> G;   // [L, Dk]: the backward's dnum C0^T; the chunk sums' weighted keys
+    std::vector<float> bt;  // a transposed right-hand factor (block_gemm's scratch)
+    std::vector<float> dnum, dqn, dm, dw0, d_lw0, d_scores, d_qk, dq_c0;
+    std::vector<double> seg, col_sums;
     Workspace(const Sizes& s, bool backward)
         : x(s.L * s.L), d(s.L * s.L), scores(s.L * s.L), lw0x(s.L), w0(s.L), q_n0(s.L), m(s.L),
           G(s.L * s.Dk), bt(std::max({s.L, s.Dk, s.Dv}) * std::max({s.L, s.Dk, s.Dv})), seg(s.L) {
         if (!backward) return;
         const int64_t L = s.L;
         dnum.resize(L * s.Dv), dqn.resize(L), dm.resize(L), dw0.resize(L), d_lw0.resize(L);
-        d_scores.resize(L * L), d_qk.resize(L * L), buf_lv.resize(L * s.Dv), below.resize(L);
+        d_scores.resize(L * L), d_qk.resize(L * L), dq_c0.resize(L * s.Dv), col_sums.resize(L);
     }
 };
 
@@ -195,7 +197,7 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
             dn0[i] += dq_n0 * qr[i];
         }
     }
-    float* dq_c0 = w.buf_lv.data();
+    float* dq_c0 = w.dq_c0.data();
     for (int t = 0; t < L; ++t)
         for (int j = 0; j < Dv; ++j) dq_c0[int64_t(t) * Dv + j] = w0[t] * dnum[int64_t(t) * Dv + j];
     block_gemm(true, false, Dk, Dv, L, q, Dk, dq_c0, Dv, false, dC0, Dv, w.bt.data());
@@ -240,7 +242,7 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
     // log D_ts = sum_{s<r<=t} log f_r + log i_s: dlog_i_s = sum_t g_ts; dlog_f_r = sum_{t>=r} sum_{s<r} g_ts,
     // plus the initial state's log weight sum_{r<=t} log f_r + m0. Both from the column sums over the rows
     // t >= r, U_s = sum_{t>=r} g_ts, taken row by row from the bottom (plain sums, vectorised over s).
-    double* U = w.below.data();
+    double* U = w.col_sums.data();
     std::fill(U, U + L, 0.0);
     double suffix = 0.0, dm0 = 0.0;
     for (int r = L - 1; r >= 0; --r) {
