@@ -69,7 +69,8 @@ def _cxx() -> str:
     if not found:
         return "not found (install g++ or set CXX for the cpp backend)"
     how = built_with()
-    return f"{found} (builds the cpp backend's sLSTM/LSTM loops; " + (f"built: {how})" if how else "not built yet)")
+    return f"{found} (builds the cpp backend's sLSTM/LSTM loops and mLSTM chunk steps; " + \
+        (f"built: {how})" if how else "not built yet)")
 
 
 @dataclass

@@ -142,7 +142,7 @@ def _load(path: Path) -> ctypes.CDLL:
             fn = getattr(lib, f"xlstm_zoo_{name}_{dtype}")
             fn.argtypes, fn.restype = argtypes, None
     f32 = ctypes.c_float
-    for name, argtypes in {"mlstm_chunk_forward_f32": [ptr] * 13 + [i64] * 4 + [f32, i64],
+    for name, argtypes in {"mlstm_chunk_forward_f32": [ptr] * 12 + [i64] * 4 + [f32, i64],
                            "mlstm_chunk_backward_f32": [ptr] * 21 + [i64] * 4 + [f32, i64],
                            "mlstm_chunk_sums_forward_f32": [ptr] * 5 + [i64] * 5,
                            "mlstm_chunk_sums_backward_f32": [ptr] * 8 + [i64] * 5}.items():

@@ -39,10 +39,10 @@ def _forward(q, k, v, log_i, log_f, C0, n0, m0, eps: float, *, keep_scores: bool
     *lead, L, Dk = q.shape
     Dv = v.shape[-1]
     h = q.new_empty(*lead, L, Dv)
-    m, qn, den = (q.new_empty(*lead, L) for _ in range(3))
+    qn, den = q.new_empty(*lead, L), q.new_empty(*lead, L)
     scores = q.new_empty(*lead, L, L) if keep_scores else None
     library().xlstm_zoo_mlstm_chunk_forward_f32(
-        *(t.data_ptr() for t in (q, k, v, log_i, log_f, C0, n0, m0, h, m, qn, den)), pointer(scores),
+        *(t.data_ptr() for t in (q, k, v, log_i, log_f, C0, n0, m0, h, qn, den)), pointer(scores),
         h.numel() // (L * Dv), L, Dk, Dv, eps, torch.get_num_threads())
     return h, qn, den, scores
 

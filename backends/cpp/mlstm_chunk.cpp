@@ -83,7 +83,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
 struct Forward {
     Sizes s;
     const float *q, *k, *v, *log_i, *log_f, *C0, *n0, *m0;
-    float *h, *m, *qn, *den;  // outputs: h [L, Dv]; the row stabiliser, q.n and the denominator [L]
+    float *h, *qn, *den;  // outputs: h [L, Dv]; q.n and the readout's denominator [L] (for the backward)
     float* scores;            // optional output [L, L] (null: not kept)
 };
 
@@ -120,7 +120,7 @@ void forward_block(const Forward& p, int64_t b, Workspace& w) {
     const int L = s.L, Dk = s.Dk, Dv = s.Dv;
     const float *q = p.q + b * L * Dk, *k = p.k + b * L * Dk, *v = p.v + b * L * Dv;
     const float *C0 = p.C0 + b * Dk * Dv, *n0 = p.n0 + b * Dk;
-    float *h = p.h + b * L * Dv, *m = p.m + b * L, *qn = p.qn + b * L, *den = p.den + b * L;
+    float *h = p.h + b * L * Dv, *qn = p.qn + b * L, *den = p.den + b * L, *m = w.m.data();
     decay(s, p.log_i + b * L, p.log_f + b * L, p.m0[b], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
     float* scores = p.scores ? p.scores + b * L * L : w.scores.data();  // kept for the backward when asked
     compute_scores(s, q, k, scores, w);
@@ -159,7 +159,7 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
     const float *h = p.h + b * L * Dv, *qn = p.qn + b * L, *den = p.den + b * L, *dh = p.dh + b * L * Dv;
     float *dq = p.dq + b * L * Dk, *dk = p.dk + b * L * Dk, *dv = p.dv + b * L * Dv;
     float *dlog_i = p.dlog_i + b * L, *dlog_f = p.dlog_f + b * L, *dC0 = p.dC0 + b * Dk * Dv, *dn0 = p.dn0 + b * Dk;
-    float* m = w.m.data();  // recomputed: the same operations as the forward's
+    float* m = w.m.data();  // the row stabiliser, recomputed as in the forward
     decay(s, p.log_i + b * L, p.log_f + b * L, p.m0[b], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
     const float* scores = p.scores + b * L * L;
     state_terms(s, q, n0, w);
@@ -313,9 +313,9 @@ extern "C" {
 
 void xlstm_zoo_mlstm_chunk_forward_f32(const float* q, const float* k, const float* v, const float* log_i,
                                        const float* log_f, const float* C0, const float* n0, const float* m0,
-                                       float* h, float* m, float* qn, float* den, float* scores, int64_t blocks,
+                                       float* h, float* qn, float* den, float* scores, int64_t blocks,
                                        int64_t L, int64_t Dk, int64_t Dv, float eps, int64_t threads) {
-    const Forward p{{blocks, L, Dk, Dv, eps}, q, k, v, log_i, log_f, C0, n0, m0, h, m, qn, den, scores};
+    const Forward p{{blocks, L, Dk, Dv, eps}, q, k, v, log_i, log_f, C0, n0, m0, h, qn, den, scores};
     run_blocks(p, forward_block, false, threads);
 }
 
