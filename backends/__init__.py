@@ -21,7 +21,7 @@ MLSTM_FORMS = ("recurrent", "parallel", "chunkwise")
 __all__ = [
     "Backend", "GateSchemes", "GATE_SCHEMES", "LSTMState", "MLSTMState", "MLSTM_FORMS", "SLSTMState",
     "explain", "log_gate", "select",
-    "lstm_sequence", "lstm_step", "mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step",
+    "linear_step", "lstm_sequence", "lstm_step", "mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step",
 ]
 
 
@@ -74,3 +74,10 @@ def lstm_step(wx_t, R, state: LSTMState | None, *, backend: str | None = None) -
     """One classic LSTM token: ``wx_t [B,H,4*Dh]`` -> ``h_t [B,H,Dh]``, state."""
     impl = select("lstm_step", wx_t.device, wx_t.dtype, force=backend)
     return impl.ops["lstm_step"](wx_t, R, state)
+
+
+def linear_step(x, weight, bias=None, *, backend: str | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a generation step's few rows, without autograd: ``x [..., K]``,
+    ``weight [N, K]``, ``bias [N]`` -> ``[..., N]``. Layers call it only when no gradient is wanted."""
+    impl = select("linear_step", x.device, x.dtype, force=backend, rows=x.numel() // max(x.shape[-1], 1))
+    return impl.ops["linear_step"](x, weight, bias)

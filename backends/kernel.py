@@ -31,6 +31,7 @@ SHAPES = {
     ("slstm", "step"): "wx [B,H,4Dh]; R [H,Dh,4Dh] -> h [B,H,Dh]; state (c, n, m, h)",
     ("lstm", "sequence"): "wx [B,H,T,4Dh]; R [H,Dh,4Dh] -> h [B,H,T,Dh]; state (c, h)",
     ("lstm", "step"): "wx [B,H,4Dh]; R [H,Dh,4Dh] -> h [B,H,Dh]; state (c, h)",
+    ("linear", "step"): "x [..., K]; W [N, K]; b [N] -> y [..., N] (a step's projections, no autograd)",
 }
 SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise")}  # ops whose sequence form is chosen per call
 
@@ -60,7 +61,7 @@ class Limit:
 
 @dataclass(frozen=True)
 class Kernel:
-    op: str                                      # mlstm | slstm | lstm
+    op: str                                      # mlstm | slstm | lstm | linear
     form: str                                    # chunkwise | parallel | recurrent | sequence | step
     impl: str                                    # the backend's name
     run: Callable                                # the function the dispatcher calls

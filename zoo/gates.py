@@ -20,7 +20,7 @@ from pydantic import BeforeValidator, Field, field_validator
 from torch import nn
 
 from xlstm_zoo.config import BuildContext, ZooConfig
-from xlstm_zoo.layers import BlockDiagonalLinear
+from xlstm_zoo.layers import BlockDiagonalLinear, Linear
 from xlstm_zoo.registry import component
 
 
@@ -160,7 +160,7 @@ class Gate(nn.Module):
 
 def _gate_projection(config: GateConfig, ctx: BuildContext, units: int) -> nn.Module:
     if config.proj == "linear":
-        return nn.Linear(ctx.dim, units, bias=False)
+        return Linear(ctx.dim, units, bias=False)
     if ctx.dim % ctx.heads:
         raise ctx.error(f"proj: headwise needs the gate's input size {ctx.dim} divisible by heads={ctx.heads}", "proj")
     return BlockDiagonalLinear(ctx.dim, units, ctx.heads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Literal
 
 import torch
@@ -10,6 +11,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from xlstm_zoo import backends as ops
+from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.config import AddedField, ZooConfig
 
 
@@ -31,9 +34,27 @@ class BlockDiagonalLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, initialisation and state_dict) whose generation steps go through
+    the ``linear_step`` op: a step's input ``[B, K]`` with no gradient wanted. On the CPU that is a
+    compiled loop several times faster than torch's GEMM at a few rows (see docs/performance.md).
+    Everything else (sequences, training, torch.compile, tracing, export, a forced backend) is ``F.linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._step_op(x):
+            return ops.linear_step(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def _step_op(self, x) -> bool:
+        return (type(x) is torch.Tensor and x.dim() == 2 and x.device.type == "cpu"
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+                and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+                and not os.environ.get(ENV_FORCE))  # a forced backend need not have the op
+
+
 def linear(in_features: int, out_features: int, bias: bool = False) -> nn.Linear:
-    """``nn.Linear`` whose bias (if any) starts at zero, as the official xLSTM biases do."""
-    layer = nn.Linear(in_features, out_features, bias=bias)
+    """:class:`Linear` whose bias (if any) starts at zero, as the official xLSTM biases do."""
+    layer = Linear(in_features, out_features, bias=bias)
     if bias:
         nn.init.zeros_(layer.bias)
     return layer

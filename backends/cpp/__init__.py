@@ -15,22 +15,29 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
+from xlstm_zoo.backends.cpp.linear import linear_step
 from xlstm_zoo.backends.cpp.lstm import lstm_sequence
-from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence
+from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
-from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
+from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel, Limit
 
 __all__ = ["CppBackend", "CppBuildWarning", "KERNELS", "cpp_backend"]
 
 MLSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (gradcheck) stays on the reference
+# Up to this many rows (batch size) a step's linear map beats torch's GEMM (docs/performance.md).
+LINEAR_STEP_MAX_ROWS = 16
 
 KERNELS = (
     Kernel("mlstm", "chunkwise", "cpp", mlstm_sequence, devices=("cpu",), dtypes=MLSTM_DTYPES,
            notes="intra-chunk core in C++ per (batch-head, chunk) block, computed in float32"),
+    Kernel("mlstm", "step", "cpp", mlstm_step, devices=("cpu",), dtypes=(torch.float32,),
+           notes="one fused pass per (batch, head) row; with autograd the reference step"),
     Kernel("slstm", "sequence", "cpp", slstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
            notes="C++ forward and backward loops; halves compute in float32"),
     Kernel("lstm", "sequence", "cpp", lstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
            notes="C++ forward and backward loops; halves compute in float32"),
+    Kernel("linear", "step", "cpp", linear_step, devices=("cpu",), dtypes=(torch.float32,),
+           limits=(Limit("rows", high=LINEAR_STEP_MAX_ROWS),), notes="dot products vectorised along K, no autograd"),
 )
 
 

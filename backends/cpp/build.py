@@ -24,7 +24,8 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp")
+SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp", HERE / "mlstm_step.cpp",
+           HERE / "linear_step.cpp")
 HEADERS = (HERE / "loops.h", HERE / "block_gemm.h")
 LIBRARY = "libxlstm_zoo_loops.so"
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
@@ -145,7 +146,9 @@ def _load(path: Path) -> ctypes.CDLL:
     for name, argtypes in {"mlstm_chunk_forward_f32": [ptr] * 12 + [i64] * 4 + [f32, i64],
                            "mlstm_chunk_backward_f32": [ptr] * 21 + [i64] * 4 + [f32, i64],
                            "mlstm_chunk_sums_forward_f32": [ptr] * 5 + [i64] * 5,
-                           "mlstm_chunk_sums_backward_f32": [ptr] * 8 + [i64] * 5}.items():
+                           "mlstm_chunk_sums_backward_f32": [ptr] * 8 + [i64] * 5,
+                           "mlstm_step_f32": [ptr] * 12 + [i64] * 3 + [f32, f32, flag, flag, i64],
+                           "linear_step_f32": [ptr] * 4 + [i64] * 4}.items():
         fn = getattr(lib, f"xlstm_zoo_{name}")
         fn.argtypes, fn.restype = argtypes, None
     return lib

@@ -1,4 +1,5 @@
-"""mLSTM chunkwise form with its two per-chunk steps, forward and backward, compiled from C++ (``mlstm_chunk.cpp``).
+"""mLSTM in compiled C++: the chunkwise form's two per-chunk steps, forward and backward (``mlstm_chunk.cpp``),
+and the one-token step for generation (``mlstm_step.cpp``, no autograd).
 
 Everything else (gate preparation, mixing the chunk sums into entering states, the tail chunk) is the
 reference chunkwise form's. The compiled steps are :func:`chunk_sums` (each chunk's keys and values summed
@@ -15,18 +16,22 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.cpp.build import library, pointer
-from xlstm_zoo.backends.gating import GateSchemes
+from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence as reference_sequence
 from xlstm_zoo.backends.reference.mlstm.chunkwise import ChunkKernels
 from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core as reference_core
 from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_sums as reference_sums
+from xlstm_zoo.backends.reference.mlstm.step import check_shapes, initial_state
+from xlstm_zoo.backends.reference.mlstm.step import mlstm_step as reference_step
 from xlstm_zoo.backends.states import MLSTMState
 
-__all__ = ["chunk_core", "chunk_sums", "mlstm_sequence"]
+__all__ = ["chunk_core", "chunk_sums", "mlstm_sequence", "mlstm_step"]
 
 
 def _compiled(*tensors) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+    """float32 CPU tensors with data (under torch.compile or torch.export they are fakes: the reference runs)."""
+    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+            and not torch.compiler.is_compiling())
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -129,3 +134,26 @@ def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, ga
     """The reference ``mlstm_sequence`` with the compiled per-chunk steps."""
     return reference_sequence(q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps, form=form,
                               chunk_size=chunk_size, kernels=KERNELS)
+
+
+def mlstm_step(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
+               qk_scale: float | None = None, eps: float = 1e-6) -> tuple[torch.Tensor, MLSTMState]:
+    """The reference ``mlstm_step`` as one compiled pass per (batch, head) row, for float32 CPU tensors
+    when no gradient is wanted (generation); the reference step otherwise. The state passed in is not
+    modified (the new one is new tensors, as the reference's)."""
+    tensors = (q, k, v, i_pre, f_pre, *(state if state is not None else ()))
+    if (not _compiled(*tensors) or not set(gates) <= set(GATE_SCHEMES)
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+        return reference_step(q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps)
+    check_shapes(q, k, v, i_pre, f_pre, time_axis=False)
+    B, H, Dk = q.shape
+    Dv = v.shape[-1]
+    # Every operand bound to a local: a temporary's pointer would dangle by the time of the call.
+    q, k, v, i_pre, f_pre = map(_flat, (q, k, v, i_pre, f_pre))
+    C, n, m = map(_flat, initial_state(state, (B, H), Dk, Dv, torch.float32, q.device))
+    h, C_new, n_new, m_new = v.new_empty(B, H, Dv), torch.empty_like(C), torch.empty_like(n), torch.empty_like(m)
+    library().xlstm_zoo_mlstm_step_f32(
+        *(t.data_ptr() for t in (q, k, v, i_pre, f_pre, C, n, m, h, C_new, n_new, m_new)), B * H, Dk, Dv,
+        Dk ** -0.5 if qk_scale is None else qk_scale, eps, gates.input == "exponential",
+        gates.forget == "exponential", torch.get_num_threads())
+    return h, MLSTMState(C_new, n_new, m_new)

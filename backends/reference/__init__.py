@@ -1,5 +1,7 @@
 """The pure-PyTorch reference backend: differentiable, any device, the ground truth for kernels."""
 
+import torch.nn.functional as F
+
 from xlstm_zoo.backends.kernel import Backend, Kernel
 from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence, mlstm_step
@@ -14,6 +16,7 @@ KERNELS = (
     Kernel("slstm", "step", "reference", slstm_step),
     Kernel("lstm", "sequence", "reference", lstm_sequence),
     Kernel("lstm", "step", "reference", lstm_step),
+    Kernel("linear", "step", "reference", F.linear, notes="torch.nn.functional.linear"),
 )
 
 

@@ -63,20 +63,24 @@ def step_inputs(dtype=torch.float32):
 
 def test_cpu_gets_a_cpu_implementation_by_default():
     # The compiled sLSTM and LSTM loops (where a C++ compiler builds them), else the fused sequence loops,
-    # beat the reference on CPU, and the compiled mLSTM chunk core (float32 compute) the reference one;
-    # every other op has only the reference there.
+    # beat the reference on CPU, and the compiled mLSTM chunk core (float32 compute), mLSTM step and a
+    # step's linear maps (float32 only) the reference ones; every other op has only the reference there.
     from xlstm_zoo.backends.cpp.build import unavailable_reason
 
     compiled = unavailable_reason() is None
     loops = "cpp" if compiled else "fused"
     for dtype in (torch.float32, torch.float64):
         chunkwise = "cpp" if compiled and dtype == torch.float32 else "reference"
-        expected = {"mlstm_sequence": chunkwise, "mlstm_step": "reference", "slstm_sequence": loops,
-                    "slstm_step": "reference", "lstm_sequence": loops, "lstm_step": "reference"}
+        expected = {"mlstm_sequence": chunkwise, "mlstm_step": chunkwise, "slstm_sequence": loops,
+                    "slstm_step": "reference", "lstm_sequence": loops, "lstm_step": "reference",
+                    "linear_step": chunkwise}
         for op, name in expected.items():
             assert select(op, torch.device("cpu"), dtype).name == name, (op, dtype)
     for form in ("parallel", "recurrent"):
         assert select("mlstm_sequence", torch.device("cpu"), torch.float32, form=form).name == "reference"
+    for rows, name in ((1, "cpp" if compiled else "reference"), (16, "cpp" if compiled else "reference"),
+                       (17, "reference")):  # above 16 rows torch's GEMM is the faster one
+        assert select("linear_step", torch.device("cpu"), torch.float32, rows=rows).name == name, rows
 
 
 def test_highest_priority_supporting_backend_wins(fake_backends):
@@ -132,8 +136,8 @@ def test_backend_whose_checks_raise_is_skipped():
     registry.register(kind="backend", name="fake_raising", config=RaisingConfig,
                       builder=lambda c: Raising(name="fake_raising", priority=500, ops={}), description="test")
     try:
-        assert select("mlstm_step", torch.device("cpu"), torch.float32).name == "reference"
-        rows = {n: s for n, _, s in explain("mlstm_step", torch.device("cpu"), torch.float32)}
+        assert select("mlstm_step", torch.device("cpu"), torch.float64).name == "reference"
+        rows = {n: s for n, _, s in explain("mlstm_step", torch.device("cpu"), torch.float64)}
         assert rows["fake_raising"] == "its availability check raised RuntimeError: driver exploded"
     finally:
         registry.unregister("backend", "fake_raising")

@@ -41,7 +41,9 @@ EXP_SIG, EXP_EXP = GateSchemes("exponential", "sigmoid"), GateSchemes("exponenti
 SIG_SIG, SIG_EXP = GateSchemes("sigmoid", "sigmoid"), GateSchemes("sigmoid", "exponential")
 ALL_GATES = (EXP_SIG, EXP_EXP, SIG_SIG, SIG_EXP)
 # Kernels whose backward is not their own: gradients through them are the reference's by design.
-FORWARD_ONLY = {"mlstm.step--triton": "forward-only kernel (generation): with autograd on it calls the reference step"}
+FORWARD_ONLY = {"mlstm.step--triton": "forward-only kernel (generation): with autograd on it calls the reference step",
+                "mlstm.step--cpp": "forward-only kernel (generation): with autograd on it calls the reference step",
+                "linear.step--cpp": "forward-only kernel (generation): layers call it only when no gradient is wanted"}
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Case:
     B: int
     H: int
     T: int                      # 1 for steps
-    dims: tuple[int, ...]       # (Dk, Dv) for the mLSTM, (Dh,) for the sLSTM and LSTM
+    dims: tuple[int, ...]       # (Dk, Dv) for the mLSTM, (Dh,) for the sLSTM and LSTM, (K, N) for a linear map
     gates: GateSchemes | None   # None for the LSTM
     state: bool                 # a non-zero initial state (else the zero state, passed as None)
     chunk_size: int = 16        # mLSTM chunkwise only
@@ -96,6 +98,10 @@ CASES = {
                         for B, H, Dh in [(2, 3, 5), (1, 2, 16)]],
     ("lstm", "sequence"): [Case(2, 3, T, (5,), None, s) for T, s in [(1, False), (17, False), (17, True)]],
     ("lstm", "step"): [Case(2, 3, 1, (5,), None, s) for s in (False, True)],
+    # (rows B, K, N): one row and several, K and N below, at and above a vector and a 64-column panel, rows
+    # not a multiple of the 4-row tile.
+    ("linear", "step"): [Case(B, 1, 1, (K, N), None, False, small=True)
+                         for B, K, N in [(1, 5, 3), (1, 37, 45), (3, 64, 130), (4, 17, 9), (16, 100, 70), (7, 300, 65)]],
 }
 
 
@@ -154,12 +160,16 @@ def textbook_lstm(wx, R, state):
     return torch.stack(hs, dim=2), LSTMState(c, h)
 
 
-TEXTBOOK = {"mlstm": textbook_mlstm, "slstm": textbook_slstm, "lstm": textbook_lstm}
+def textbook_linear(x, W, b, state):
+    return torch.einsum("mk,nk->mn", x, W) + b, ()
+
+
+TEXTBOOK = {"mlstm": textbook_mlstm, "slstm": textbook_slstm, "lstm": textbook_lstm, "linear": textbook_linear}
 
 
 def textbook(op: str, step: bool):
     seq = TEXTBOOK[op]
-    if not step:
+    if not step or op == "linear":
         return seq
 
     def one_token(*args, **kw):  # the step is the sequence of one token
@@ -182,6 +192,9 @@ def make_inputs(op: str, case: Case, dtype, device, seed=0) -> list[torch.Tensor
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
+    if op == "linear":
+        K, N = case.dims
+        return [x.to(device, dtype) for x in (rand(B, K), rand(N, K) / K ** 0.5, rand(N))]
     if op == "mlstm":
         Dk, Dv = case.dims
         i_pre = rand(B, H, T) * (2.0 if case.gates.input == "exponential" else 1.0)
@@ -210,7 +223,7 @@ def make_state(op: str, case: Case, dtype, device):
 
 
 def call_kwargs(kernel, case: Case) -> dict:
-    if kernel.op == "lstm":
+    if kernel.op in ("lstm", "linear"):
         return {}
     kw = {"gates": case.gates}
     if kernel.op == "mlstm":
@@ -221,7 +234,9 @@ def call_kwargs(kernel, case: Case) -> dict:
 
 
 def as_step(op: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Step inputs: the sequence inputs' only token (R keeps its shape)."""
+    """Step inputs: the sequence inputs' only token (R keeps its shape; a linear map's are step inputs)."""
+    if op == "linear":
+        return xs
     return [x[:, :, 0] if (op == "mlstm" or i == 0) else x for i, x in enumerate(xs)]
 
 
@@ -262,8 +277,8 @@ def run(fn, xs, state, kw, *, grad: bool, seed=99):
 
 
 def names(kernel, with_state: bool) -> tuple[list[str], list[str]]:
-    fields = {"mlstm": ("C", "n", "m"), "slstm": ("c", "n", "m", "h"), "lstm": ("c", "h")}[kernel.op]
-    inputs = ("q", "k", "v", "i_pre", "f_pre") if kernel.op == "mlstm" else ("wx", "R")
+    fields = {"mlstm": ("C", "n", "m"), "slstm": ("c", "n", "m", "h"), "lstm": ("c", "h"), "linear": ()}[kernel.op]
+    inputs = {"mlstm": ("q", "k", "v", "i_pre", "f_pre"), "linear": ("x", "W", "b")}.get(kernel.op, ("wx", "R"))
     outs = ["h"] + [f"final {f}" for f in fields]
     grads = [f"d{x}" for x in inputs] + ([f"d{f}0" for f in fields] if with_state else [])
     return outs, grads
@@ -285,6 +300,21 @@ def placement(backend, kernel) -> tuple[torch.device | None, str | None]:
     return None, backend.unavailable_reason() or f"needs a device in {kernel.devices}"
 
 
+def options(kernel, case: Case) -> dict:
+    """The dispatcher's options for this case (what the kernel's limits are checked against)."""
+    if kernel.op == "mlstm":
+        return {"chunk_size": case.chunk_size, "form": kernel.form}
+    return {"rows": case.B} if kernel.op == "linear" else {"head_dim": case.dims[-1]}
+
+
+def runner(kernel_or_fn, op: str):
+    """``fn(*inputs, state, **kw) -> (h, final state)``: a linear map's kernel returns its output alone."""
+    fn = getattr(kernel_or_fn, "run", kernel_or_fn)
+    if op != "linear":
+        return fn
+    return lambda x, W, b, state: (fn(x, W, b), ())
+
+
 def params():
     out = []
     for name, (backend, kernel) in KERNELS.items():
@@ -303,9 +333,8 @@ def test_kernel_matches_oracle(name, case):
     if interpreted and not case.small:
         pytest.skip(f"{name}: Triton interpreter (no GPU) runs the small cases only (40-400x slower than torch)")
     dtype = torch.float64 if (not kernel.dtypes or torch.float64 in kernel.dtypes) else torch.float32
-    options = {"chunk_size": case.chunk_size, "form": kernel.form} if kernel.op == "mlstm" else {"head_dim": case.dims[-1]}
     declared = torch.device("cuda") if interpreted else device  # the interpreter stands in for the GPU
-    if not kernel.supports(declared, dtype, options):
+    if not kernel.supports(declared, dtype, options(kernel, case)):
         pytest.skip(f"{name}: case outside the declared limits ({'; '.join(l.describe() for l in kernel.limits)})")
 
     step = kernel.form == "step"
@@ -316,16 +345,17 @@ def test_kernel_matches_oracle(name, case):
     if kernel.impl == "reference":
         oracle, kind = textbook(kernel.op, step), "form"
     else:
-        oracle, kind = KERNELS[f"{kernel.op}.{kernel.form}--reference"][1].run, "kernel"
+        oracle, kind = runner(KERNELS[f"{kernel.op}.{kernel.form}--reference"][1], kernel.op), "kernel"
+    fn = runner(kernel, kernel.op)
 
     out_names, grad_names = names(kernel, state is not None)
-    got, _ = run(kernel.run, xs, state, kw, grad=False)
+    got, _ = run(fn, xs, state, kw, grad=False)
     want, _ = run(oracle, xs, state, kw, grad=False)
     for what, a, e in zip(out_names, got, want):
         assert_close(a, e, kind=kind, what=f"{name} {case.id}: {what}", check_dtype=True)
     if name in FORWARD_ONLY:
         return  # its gradients are the reference's (see FORWARD_ONLY): nothing of its own to compare
-    got, got_grads = run(kernel.run, xs, state, kw, grad=True)
+    got, got_grads = run(fn, xs, state, kw, grad=True)
     want, want_grads = run(oracle, xs, state, kw, grad=True)
     for what, a, e in zip(out_names + grad_names, got + got_grads, want + want_grads):
         assert_close(a, e, kind=kind, what=f"{name} {case.id} (with autograd): {what}", check_dtype=True)
@@ -341,8 +371,7 @@ def test_every_kernel_has_parity_cases():
         assert cases, f"{name}: no parity cases for {kernel.op}.{kernel.form}"
         device = torch.device(kernel.devices[0] if kernel.devices else "cpu")
         dtype = torch.float64 if (not kernel.dtypes or torch.float64 in kernel.dtypes) else torch.float32
-        fits = [c for c in cases if kernel.supports(device, dtype, {"chunk_size": c.chunk_size, "form": kernel.form,
-                                                                     "head_dim": c.dims[-1]})]
+        fits = [c for c in cases if kernel.supports(device, dtype, options(kernel, c))]
         assert fits, f"{name}: no parity case fits its declared limits"
         if kernel.impl != "reference":
             assert f"{kernel.op}.{kernel.form}--reference" in KERNELS, f"{name}: no reference kernel to compare with"

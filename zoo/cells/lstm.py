@@ -13,6 +13,7 @@ from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
 from xlstm_zoo.cells.slstm import assemble_wx
 from xlstm_zoo.config import BuildContext, ZooConfig
+from xlstm_zoo.layers import Linear
 from xlstm_zoo.registry import component
 
 
@@ -41,8 +42,8 @@ class LSTMCell(Cell):
         super().__init__(ctx.dim, ctx.dim)
         self.config, H = config, config.num_heads
         self.num_heads, self.head_dim = H, ctx.require_divisible(ctx.dim, H)
-        self.if_proj = torch.nn.Linear(ctx.dim, 2 * ctx.dim)   # input and forget gates read x
-        self.zo_proj = torch.nn.Linear(ctx.dim, 2 * ctx.dim)   # cell input and output gate read the value stream
+        self.if_proj = Linear(ctx.dim, 2 * ctx.dim)   # input and forget gates read x
+        self.zo_proj = Linear(ctx.dim, 2 * ctx.dim)   # cell input and output gate read the value stream
         with torch.no_grad():
             self.if_proj.bias[ctx.dim:].fill_(config.forget_bias)
         self.R = recurrent_weight(H, self.head_dim)

@@ -11,6 +11,7 @@ from torch import nn
 from xlstm_zoo.compiling import compile_or_eager
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
+from xlstm_zoo.layers import Linear
 from xlstm_zoo.registry import component
 from xlstm_zoo.stacks import XLSTMStackConfig
 
@@ -37,7 +38,7 @@ class CausalLM(nn.Module):
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.dim)
         self.stack = build(config.stack, ctx.at("stack"), "stack")
-        self.head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.head = Linear(config.dim, config.vocab_size, bias=False)
         self._compiled_step = None  # made by compiled_step() on first use
         if config.tie_weights:
             self.head.weight = self.embedding.weight

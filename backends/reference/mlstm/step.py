@@ -52,12 +52,8 @@ def initial_state(state: MLSTMState | None, lead: tuple[int, ...], dk: int, dv: 
     return C.to(dtype), n.to(dtype), m.to(dtype)
 
 
-def prepare(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale: float | None, *, time_axis: bool):
-    """Validate shapes, cast to the compute dtype, scale q, turn pre-activations into log gates.
-
-    ``time_axis`` selects the sequence layout (``[B,H,T,D]``) over the step layout (``[B,H,D]``).
-    Returns ``(q, k, v, log_i, log_f, C0, n0, m0)``.
-    """
+def check_shapes(q, k, v, i_pre, f_pre, *, time_axis: bool) -> None:
+    """A clear error for inputs that do not fit the sequence (``time_axis``) or the step layout."""
     kind = "mlstm_sequence" if time_axis else "mlstm_step"
     layout = "q, k [B,H,T,Dk], v [B,H,T,Dv], i_pre, f_pre [B,H,T]" if time_axis else \
         "q, k [B,H,Dk], v [B,H,Dv], i_pre, f_pre [B,H]"
@@ -66,6 +62,15 @@ def prepare(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale: float | 
             or i_pre.shape != q.shape[:-1] or f_pre.shape != q.shape[:-1]:
         raise ValueError(f"{kind}: bad shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"i_pre {tuple(i_pre.shape)}, f_pre {tuple(f_pre.shape)}; expected {layout}")
+
+
+def prepare(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale: float | None, *, time_axis: bool):
+    """Validate shapes, cast to the compute dtype, scale q, turn pre-activations into log gates.
+
+    ``time_axis`` selects the sequence layout (``[B,H,T,D]``) over the step layout (``[B,H,D]``).
+    Returns ``(q, k, v, log_i, log_f, C0, n0, m0)``.
+    """
+    check_shapes(q, k, v, i_pre, f_pre, time_axis=time_axis)
     dtype = compute_dtype(v)
     dk, dv = q.shape[-1], v.shape[-1]
     scale = dk ** -0.5 if qk_scale is None else qk_scale
