@@ -99,9 +99,9 @@ CASES = {
     ("lstm", "sequence"): [Case(2, 3, T, (5,), None, s) for T, s in [(1, False), (17, False), (17, True)]],
     ("lstm", "step"): [Case(2, 3, 1, (5,), None, s) for s in (False, True)],
     # (rows B, K, N): one row and several, K and N below, at and above a vector and a 64-column panel, rows
-    # not a multiple of the 4-row tile.
+    # not a multiple of the 2-row tile.
     ("linear", "step"): [Case(B, 1, 1, (K, N), None, False, small=True)
-                         for B, K, N in [(1, 5, 3), (1, 37, 45), (3, 64, 130), (4, 17, 9), (16, 100, 70), (7, 300, 65)]],
+                         for B, K, N in [(1, 5, 3), (1, 37, 45), (2, 20, 8), (3, 64, 130), (4, 17, 9), (16, 100, 70), (7, 300, 65)]],
 }
 
 
