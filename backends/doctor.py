@@ -69,7 +69,7 @@ def _cxx() -> str:
     if not found:
         return "not found (install g++ or set CXX for the cpp backend)"
     how = built_with()
-    return f"{found} (builds the cpp backend's sLSTM/LSTM loops and mLSTM chunk steps; " + \
+    return f"{found} (builds the cpp backend's sLSTM/LSTM loops, mLSTM chunk steps and generation steps; " + \
         (f"built: {how})" if how else "not built yet)")
 
 

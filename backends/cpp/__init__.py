@@ -1,5 +1,6 @@
-"""The ``cpp`` backend: the sLSTM and LSTM time loops and the mLSTM chunkwise form's intra-chunk core, forward
-and backward, compiled from C++ for the CPU (see :mod:`.build`).
+"""The ``cpp`` backend: the sLSTM and LSTM time loops and the mLSTM chunkwise form's per-chunk steps, forward
+and backward, and for generation the mLSTM step and a step's linear maps (:mod:`.linear`), compiled from
+C++ for the CPU (see :mod:`.build`).
 
 The fused PyTorch loops spend most of their time dispatching ~13 (forward) and ~17 (backward) small ops
 per token from Python; the C++ loops run the whole recurrence per (head, batch) row with no dispatch at
@@ -50,7 +51,7 @@ def cpp_backend() -> Backend:
     return CppBackend(
         name="cpp",
         priority=15,
-        description="sLSTM and LSTM loops and the mLSTM chunk core, forward and backward, compiled from C++ for the "
-                    "CPU (built on first use)",
+        description="sLSTM and LSTM loops and the mLSTM chunk steps, forward and backward, and the generation step's "
+                    "mLSTM update and linear maps, compiled from C++ for the CPU (built on first use)",
         kernels=KERNELS,
     )

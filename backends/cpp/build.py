@@ -1,5 +1,5 @@
-"""Build the C++ kernels (the sLSTM and LSTM loops, the mLSTM chunk core; forward and backward) once per
-machine and load them with ctypes.
+"""Build the C++ kernels (the sLSTM and LSTM loops and the mLSTM chunk steps, forward and backward; the
+mLSTM step and a step's linear maps for generation) once per machine and load them with ctypes.
 
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
@@ -47,7 +47,7 @@ BASE_FLAGS = ["-std=c++17", "-shared", "-fPIC", "-pthread"]
 
 class CppBuildWarning(RuntimeWarning):
     """The C++ kernels did not build; sLSTM and LSTM on the CPU fall back to the fused PyTorch loops, the
-    mLSTM chunk core to its PyTorch form."""
+    mLSTM chunk steps, the mLSTM step and a step's linear maps to their PyTorch forms."""
 
 
 def compiler() -> str | None:

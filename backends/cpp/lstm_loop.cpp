@@ -1,6 +1,14 @@
-// Classic LSTM recurrence on the CPU, forward and backward, each whole time loop in C++ (see slstm_loop.cpp
-// for the build and the row-per-thread scheme). Same maths as backends/reference/lstm.py; the backward is
-// the exact derivative that backends/fused/lstm.py writes in PyTorch.
+// Classic LSTM recurrence on the CPU, forward and backward, each whole time loop in C++. Same maths as
+// backends/reference/lstm.py; the backward is the exact derivative that backends/fused/lstm.py writes in
+// PyTorch.
+//
+// float32: one token for all batch rows at once, as a small matrix product (block_gemm.h) per head,
+// with the threads splitting each head's units: a thread computes the four gate columns of its units
+// for every row, then their cell update, then waits for the others (one barrier per token: the next
+// token's product reads every unit of h). This is the schedule of a BLAS-backed LSTM without a library
+// call per token; against the row loop below, 1.4-2x faster forward and backward at B=4-16, D=128-256.
+// float64 (gradcheck) and heads narrower than one vector keep one (head, batch) row per thread (see
+// slstm_loop.cpp), a matrix-vector loop: at D=8 (B=32, T=20) it is 2x faster than the batched product.
 //
 // Layout (row-major, time-major):
 //   W, G   [T, H, B, 4D]   W x + b in, pre-activations out (G = W + h_prev R), gate order i, f, z, o
@@ -10,6 +18,11 @@
 // Backward: dH [T, H, B, D] (null: zeros), dcT dhT [H, B, D] (null: zeros) in; dG [T, H, B, 4D] and
 // dc0 dh0 [H, B, D] out (dR is one matmul in Python).
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "block_gemm.h"
 #include "loops.h"
 
 namespace {
@@ -90,21 +103,156 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
     }
 }
 
+
+// ---- float32: all batch rows per token, units split over threads -------------------------------------
+
+// The units [j0, j1) of every head that thread `index` of `count` owns (contiguous, multiples of 16 where
+// possible, so that its columns are whole vectors).
+inline void owned_units(int64_t D, int index, int count, int64_t& j0, int64_t& j1) {
+    const int64_t blocks = (D + kLanes - 1) / kLanes;
+    j0 = std::min(D, blocks * index / count * kLanes);
+    j1 = std::min(D, blocks * (index + 1) / count * kLanes);
+}
+
+// Threads for a batched loop: a barrier per token costs about a microsecond, so each thread needs some
+// thousands of multiply-adds per token (and at least one vector of units).
+inline int batched_threads(int64_t heads, int64_t batch, int64_t D, int64_t threads) {
+    const int64_t per_token = heads * batch * D * 4 * D;
+    return int(std::max<int64_t>(1, std::min({threads, per_token / (int64_t(1) << 15), (D + kLanes - 1) / kLanes})));
+}
+
+template <typename Body>
+void team(int count, const Body& body) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(count)
+    body(omp_get_thread_num(), omp_get_num_threads());
+#else
+    (void)count;
+    body(0, 1);
+#endif
+}
+
+inline void team_barrier() {
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+}
+
+void forward_batched(const Problem<float>& p, int64_t threads) {
+    const int64_t D = p.dim, D4 = 4 * D, H = p.heads, B = p.batch, rows = H * B;
+    std::copy(p.c0, p.c0 + rows * D, p.C);
+    std::copy(p.h0, p.h0 + rows * D, p.Hs);
+    team(batched_threads(H, B, D, threads), [&](int index, int count) {
+        int64_t j0, j1;
+        owned_units(D, index, count, j0, j1);
+        for (int64_t t = 0; t < p.steps; ++t) {
+            for (int64_t h = 0; h < H; ++h) {
+                const int64_t at = (t * H + h) * B;  // row (t, h, b = 0)
+                float *G = p.G + at * D4;
+                const float *W = p.W + at * D4, *R = p.R + h * D * D4, *h_prev = p.Hs + at * D;
+                const float *c_prev = p.C + at * D;
+                float *c_next = p.C + (at + rows) * D, *h_next = p.Hs + (at + rows) * D;
+                for (int gate = 0; gate < 4; ++gate) {
+                    const int64_t col = gate * D + j0;
+                    for (int64_t b = 0; b < B; ++b) std::copy(W + b * D4 + col, W + b * D4 + gate * D + j1, G + b * D4 + col);
+                    if (j1 > j0)
+                        gemm_b_plain<false>(int(B), int(j1 - j0), int(D), h_prev, int(D), R + col, int(D4), G + col,
+                                            int(D4), true);
+                }
+                for (int64_t b = 0; b < B; ++b) {
+                    const float* g = G + b * D4;
+                    XLSTM_ZOO_SIMD
+                    for (int64_t j = j0; j < j1; ++j) {
+                        const float c = sigmoid(g[D + j]) * c_prev[b * D + j] + sigmoid(g[j]) * vtanh(g[2 * D + j]);
+                        c_next[b * D + j] = c;
+                        h_next[b * D + j] = vtanh(c) * sigmoid(g[3 * D + j]);
+                    }
+                }
+            }
+            team_barrier();  // h_{t+1} complete before any thread's next product reads it
+        }
+    });
+}
+
+void backward_batched(const Gradients<float>& p, int64_t threads) {
+    const int64_t D = p.dim, D4 = 4 * D, H = p.heads, B = p.batch, rows = H * B;
+    std::vector<float> dc_buf(rows * D), dh_buf(rows * D);  // per (head, row): the carried dc and dh
+    float *dc = dc_buf.data(), *dh_rec = dh_buf.data();
+    for (int64_t r = 0; r < rows; ++r) {
+        load_row(dc + r * D, p.dcT, r, D);
+        load_row(dh_rec + r * D, p.dhT, r, D);
+    }
+    team(batched_threads(H, B, D, threads), [&](int index, int count) {
+        int64_t j0, j1;
+        owned_units(D, index, count, j0, j1);
+        for (int64_t t = p.steps - 1; t >= 0; --t) {
+            for (int64_t h = 0; h < H; ++h) {
+                const int64_t at = (t * H + h) * B;
+                const float *G = p.G + at * D4, *c_all = p.C + (at + rows) * D, *c_prev_all = p.C + at * D;
+                float* dG = p.dG + at * D4;
+                for (int64_t b = 0; b < B; ++b) {
+                    const int64_t r = h * B + b;
+                    const float *__restrict g = G + b * D4, *__restrict c = c_all + b * D;
+                    const float *__restrict c_prev = c_prev_all + b * D;
+                    const float* dh_out = p.dH ? p.dH + (at + b) * D : nullptr;
+                    float *__restrict dg = dG + b * D4, *__restrict dcr = dc + r * D, *__restrict dhr = dh_rec + r * D;
+                    XLSTM_ZOO_SIMD
+                    for (int64_t j = j0; j < j1; ++j) {
+                        const float i = sigmoid(g[j]), f = sigmoid(g[D + j]), z = vtanh(g[2 * D + j]);
+                        const float o = sigmoid(g[3 * D + j]), tc = vtanh(c[j]);
+                        const float dh = dhr[j] + (dh_out ? dh_out[j] : 0.0f);
+                        const float dct = dcr[j] + dh * (o * (1.0f - tc * tc));
+                        dg[j] = dct * (z * (i * (1.0f - i)));
+                        dg[D + j] = dct * (c_prev[j] * (f * (1.0f - f)));
+                        dg[2 * D + j] = dct * (i * (1.0f - z * z));
+                        dg[3 * D + j] = dh * (tc * (o * (1.0f - o)));
+                        dcr[j] = dct * f;
+                    }
+                }
+            }
+            team_barrier();  // every unit's dG_t complete before the products below read all of it
+            for (int64_t h = 0; h < H; ++h) {
+                const int64_t at = (t * H + h) * B;
+                if (j1 > j0)
+                    gemm_b_plain<false>(int(B), int(j1 - j0), int(D4), p.dG + at * D4, int(D4), p.Rt + h * D4 * D + j0,
+                                        int(D), dh_rec + h * B * D + j0, int(D), false);
+            }
+            // No barrier here: the next token writes dG_{t-1}, and each thread reads only its own dh_rec units.
+        }
+    });
+    std::copy(dc, dc + rows * D, p.dc0);
+    std::copy(dh_rec, dh_rec + rows * D, p.dh0);
+}
+
 }  // namespace
 
-#define XLSTM_ZOO_LSTM_ENTRIES(SUFFIX, T)                                                                    \
-    extern "C" void xlstm_zoo_lstm_forward_##SUFFIX(const T* W, const T* R, const T* c0, const T* h0, T* G,  \
-                                                    T* C, T* Hs, int64_t steps, int64_t heads,              \
-                                                    int64_t batch, int64_t dim, int64_t threads) {          \
-        run(Problem<T>{W, R, c0, h0, G, C, Hs, steps, heads, batch, dim}, forward_rows<T>, threads);         \
-    }                                                                                                        \
-    extern "C" void xlstm_zoo_lstm_backward_##SUFFIX(const T* G, const T* Rt, const T* C, const T* dH,       \
-                                                     const T* dcT, const T* dhT, T* dG, T* dc0, T* dh0,     \
-                                                     int64_t steps, int64_t heads, int64_t batch,           \
-                                                     int64_t dim, int64_t threads) {                        \
-        run(Gradients<T>{G, Rt, C, dH, dcT, dhT, dG, dc0, dh0, steps, heads, batch, dim}, backward_rows<T>,  \
-            threads);                                                                                        \
-    }
+extern "C" void xlstm_zoo_lstm_forward_f32(const float* W, const float* R, const float* c0, const float* h0, float* G,
+                                          float* C, float* Hs, int64_t steps, int64_t heads, int64_t batch,
+                                          int64_t dim, int64_t threads) {
+    const Problem<float> p{W, R, c0, h0, G, C, Hs, steps, heads, batch, dim};
+    if (dim >= kLanes) forward_batched(p, threads);
+    else run(p, forward_rows<float>, threads);  // heads narrower than a vector: the row loop is faster
+}
 
-XLSTM_ZOO_LSTM_ENTRIES(f32, float)
-XLSTM_ZOO_LSTM_ENTRIES(f64, double)
+extern "C" void xlstm_zoo_lstm_backward_f32(const float* G, const float* Rt, const float* C, const float* dH,
+                                           const float* dcT, const float* dhT, float* dG, float* dc0, float* dh0,
+                                           int64_t steps, int64_t heads, int64_t batch, int64_t dim,
+                                           int64_t threads) {
+    const Gradients<float> p{G, Rt, C, dH, dcT, dhT, dG, dc0, dh0, steps, heads, batch, dim};
+    if (dim >= kLanes) backward_batched(p, threads);
+    else run(p, backward_rows<float>, threads);
+}
+
+extern "C" void xlstm_zoo_lstm_forward_f64(const double* W, const double* R, const double* c0, const double* h0,
+                                          double* G, double* C, double* Hs, int64_t steps, int64_t heads,
+                                          int64_t batch, int64_t dim, int64_t threads) {
+    run(Problem<double>{W, R, c0, h0, G, C, Hs, steps, heads, batch, dim}, forward_rows<double>, threads);
+}
+
+extern "C" void xlstm_zoo_lstm_backward_f64(const double* G, const double* Rt, const double* C, const double* dH,
+                                           const double* dcT, const double* dhT, double* dG, double* dc0,
+                                           double* dh0, int64_t steps, int64_t heads, int64_t batch, int64_t dim,
+                                           int64_t threads) {
+    run(Gradients<double>{G, Rt, C, dH, dcT, dhT, dG, dc0, dh0, steps, heads, batch, dim}, backward_rows<double>,
+        threads);
+}

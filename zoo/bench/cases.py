@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 from xlstm_zoo.backends import GateSchemes, mlstm_sequence
 from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
@@ -524,7 +525,31 @@ def _large_cases(scale: Scale) -> list[Case]:
                 cases.append(Case(f"7b/{name}/d={dim}/B={batch}", group, f"B={batch} d={dim} "
                                   f"after {scale.large_prefill} tokens", ours_step, base_step, info=info,
                                   sample_factor=GENERATION_SAMPLE_FACTOR))
+        for batch in scale.large_step_batches:
+            cases.append(Case(f"7b/step_linears/d={dim}/B={batch}", "7B layout: a step's linear maps vs F.linear",
+                              f"B={batch} d={dim}, every linear layer of the model once",
+                              lambda dim=dim, batch=batch: _step_linears(scale, dim, batch, ours=True),
+                              lambda dim=dim, batch=batch: _step_linears(scale, dim, batch, ours=False),
+                              baseline_name="F.linear", sample_factor=GENERATION_SAMPLE_FACTOR))
     return cases
+
+
+def _step_linears(scale: Scale, dim: int, batch: int, *, ours: bool) -> Prepared:
+    """Every linear layer of the 7B layout once on a step's ``[batch, in]`` input, in model order (so each
+    weight comes from memory as in a real step): through our layers (the ``linear_step`` op) or ``F.linear``."""
+    model = our_large(scale, dim).eval()
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {m.in_features: torch.randn(batch, m.in_features) for m in layers}
+
+    def fn():
+        with torch.no_grad():
+            for m in layers:
+                x = inputs[m.in_features]
+                if ours:
+                    m(x)
+                else:
+                    F.linear(x, m.weight, m.bias)
+    return Prepared(fn, count(model), note="our Linear layers (linear.step op)" if ours else "torch.nn.functional.linear")
 
 
 # --- our LSTM cell vs torch.nn.LSTM (oneDNN) -------------------------------------------------------------
