@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from xlstm_zoo.backends.cpp.linear import compiled_linear_step
 from xlstm_zoo.backends.dispatch import Backend, explain, select
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
 from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState
@@ -79,5 +80,7 @@ def lstm_step(wx_t, R, state: LSTMState | None, *, backend: str | None = None) -
 def linear_step(x, weight, bias=None, *, backend: str | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a generation step's few rows, without autograd: ``x [..., K]``,
     ``weight [N, K]``, ``bias [N]`` -> ``[..., N]``. Layers call it only when no gradient is wanted."""
+    if torch.compiler.is_compiling():  # the dispatcher is not traced: the compiled kernel as an opaque op
+        return compiled_linear_step(x, weight, bias)
     impl = select("linear_step", x.device, x.dtype, force=backend, rows=x.numel() // max(x.shape[-1], 1))
     return impl.ops["linear_step"](x, weight, bias)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
-from xlstm_zoo.backends.cpp.linear import linear_step
+from xlstm_zoo.backends.cpp.linear import LINEAR_STEP_MAX_ROWS, linear_step
 from xlstm_zoo.backends.cpp.lstm import lstm_sequence
 from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
@@ -25,8 +25,6 @@ from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel, Limit
 __all__ = ["CppBackend", "CppBuildWarning", "KERNELS", "cpp_backend"]
 
 MLSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (gradcheck) stays on the reference
-# Up to this many rows (batch size) a step's linear map beats torch's GEMM (docs/performance.md).
-LINEAR_STEP_MAX_ROWS = 16
 
 KERNELS = (
     Kernel("mlstm", "chunkwise", "cpp", mlstm_sequence, devices=("cpu",), dtypes=MLSTM_DTYPES,

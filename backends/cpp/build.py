@@ -163,6 +163,8 @@ class Build:
         self._lock = threading.Lock()
 
     def get(self) -> tuple[ctypes.CDLL | None, str | None]:
+        if self.library is not None or self.error is not None:  # settled: no lock (torch.compile cannot trace one)
+            return self.library, self.error
         with self._lock:
             if self.library is None and self.error is None:
                 self.error = environment_reason()

@@ -151,3 +151,14 @@ def test_linear_routes_only_a_steps_inference_calls(monkeypatch):
     monkeypatch.setenv(ENV_FORCE, "fused")  # a forced backend need not have the op
     with torch.no_grad():
         assert not routed(layer, step, monkeypatch)
+
+
+def test_linear_under_torch_compile_calls_the_kernel_as_an_opaque_op():
+    torch.manual_seed(0)
+    layer, x = Linear(24, 40), randn(3, 24)
+    with torch.no_grad():  # fullgraph: a graph break (e.g. in the dispatcher) would be an error
+        graphs = []
+        compiled = torch.compile(layer, fullgraph=True, backend=lambda gm, _: graphs.append(gm) or gm.forward)
+        y = compiled(x)
+    assert any("xlstm_zoo.linear_step" in str(node.target) for gm in graphs for node in gm.graph.nodes)
+    assert_close(y, F.linear(x, layer.weight, layer.bias), kind="kernel", what="y", dtype=torch.float32)
