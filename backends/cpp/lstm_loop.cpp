@@ -103,7 +103,6 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
     }
 }
 
-
 // ---- float32: all batch rows per token, units split over threads -------------------------------------
 
 // The units [j0, j1) of every head that thread `index` of `count` owns (contiguous, multiples of 16 where
@@ -121,6 +120,8 @@ inline int batched_threads(int64_t heads, int64_t batch, int64_t D, int64_t thre
     return int(std::max<int64_t>(1, std::min({threads, per_token / (int64_t(1) << 15), (D + kLanes - 1) / kLanes})));
 }
 
+// `body(index, count)` on a team of `count` threads (fewer if the runtime gives fewer). Without OpenMP: the
+// calling thread alone (a barrier per token wants threads that stay in one team).
 template <typename Body>
 void team(int count, const Body& body) {
 #ifdef _OPENMP
