@@ -162,3 +162,10 @@ def test_linear_under_torch_compile_calls_the_kernel_as_an_opaque_op():
         y = compiled(x)
     assert any("xlstm_zoo.linear_step" in str(node.target) for gm in graphs for node in gm.graph.nodes)
     assert_close(y, F.linear(x, layer.weight, layer.bias), kind="kernel", what="y", dtype=torch.float32)
+
+
+def test_linear_step_leaves_other_dtypes_to_f_linear():
+    x, W = randn(2, 8), randn(5, 8)
+    assert torch.equal(linear_step(x.double(), W.double()), F.linear(x.double(), W.double()))
+    with pytest.raises(RuntimeError):  # F.linear's own dtype error, not float32 reads of bfloat16 memory
+        linear_step(x, W.bfloat16())
