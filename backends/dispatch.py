@@ -64,7 +64,7 @@ def select(op: str, device: torch.device, dtype: torch.dtype, *, force: str | No
     if stamp != _cache_stamp:
         _cache.clear()
         _cache_stamp = stamp
-    key = (op, device.type, dtype, force, tuple(sorted(options.items())) if len(options) > 1 else tuple(options.items()))
+    key = (op, device.type, dtype, force, tuple(sorted(options.items())))
     if key not in _cache:
         _cache[key] = _select(op, device, dtype, force, options)
     return _cache[key]

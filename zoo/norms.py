@@ -60,11 +60,10 @@ class _Norm(nn.Module):
         # fused layer_norm is one op where the formula is eight; F.rms_norm is slower on the CPU (1.2-1.7x
         # at B=1 to B=2 x T=1024, d=256) than these four. Same maths: biased variance, eps inside the root.
         if self.centre:
-            weight = self.weight if self.groups == 1 else None  # per-head: scaled all at once, below
-            g = F.layer_norm(g, g.shape[-1:], weight, eps=self.eps)
+            g = F.layer_norm(g, g.shape[-1:], eps=self.eps)
         else:
-            weight, g = None, g * torch.rsqrt(g.square().mean(-1, keepdim=True).add_(self.eps))
-        y = g.reshape(shape) if weight is not None else g.reshape(shape) * self.weight
+            g = g * torch.rsqrt(g.square().mean(-1, keepdim=True).add_(self.eps))
+        y = g.reshape(shape) * self.weight  # one scale over all features (per head: after the heads rejoin)
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype)

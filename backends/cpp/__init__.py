@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
-from xlstm_zoo.backends.cpp.linear import LINEAR_STEP_MAX_ROWS, linear_step
+from xlstm_zoo.backends.cpp import linear
 from xlstm_zoo.backends.cpp.lstm import lstm_sequence
 from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
-from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel, Limit
+from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
 
 __all__ = ["CppBackend", "CppBuildWarning", "KERNELS", "cpp_backend"]
 
@@ -35,8 +35,7 @@ KERNELS = (
            notes="C++ forward and backward loops; halves compute in float32"),
     Kernel("lstm", "sequence", "cpp", lstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
            notes="C++ forward and backward loops; halves compute in float32"),
-    Kernel("linear", "step", "cpp", linear_step, devices=("cpu",), dtypes=(torch.float32,),
-           limits=(Limit("rows", high=LINEAR_STEP_MAX_ROWS),), notes="dot products vectorised along K, no autograd"),
+    linear.KERNEL,
 )
 
 

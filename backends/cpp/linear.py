@@ -11,9 +11,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from xlstm_zoo.backends.cpp.build import library, unavailable_reason
+from xlstm_zoo.backends.cpp.build import library, pointer, unavailable_reason
+from xlstm_zoo.backends.kernel import Kernel, Limit
 
-__all__ = ["LINEAR_STEP_MAX_ROWS", "compiled_linear_step", "linear_step"]
+__all__ = ["KERNEL", "LINEAR_STEP_MAX_ROWS", "compiled_linear_step", "linear_step"]
 
 # Up to this many rows (a step's batch size) the loop beats torch's GEMM (docs/performance.md).
 LINEAR_STEP_MAX_ROWS = 16
@@ -41,8 +42,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     rows = x.contiguous() if x.dim() == 2 else x.reshape(-1, K).contiguous()
     w, b = weight.contiguous(), None if bias is None else bias.contiguous()
     y = torch.empty(x.shape[:-1] + (N,))
-    _kernel()(rows.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), rows.shape[0], N, K,
-              torch.get_num_threads())
+    _kernel()(rows.data_ptr(), w.data_ptr(), pointer(b), y.data_ptr(), rows.shape[0], N, K, torch.get_num_threads())
     return y
 
 
@@ -51,11 +51,15 @@ def _kernel():
     return library().xlstm_zoo_linear_step_f32
 
 
+KERNEL = Kernel("linear", "step", "cpp", linear_step, devices=("cpu",), dtypes=(torch.float32,),
+                limits=(Limit("rows", high=LINEAR_STEP_MAX_ROWS),), notes="dot products vectorised along K, no autograd")
+
+
 def compiled_linear_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """:func:`linear_step` where torch.compile traces (it does not trace the dispatcher): the opaque op for
-    what the kernel serves (float32 CPU, up to LINEAR_STEP_MAX_ROWS rows), ``F.linear`` otherwise."""
-    if (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
-            and x.numel() <= LINEAR_STEP_MAX_ROWS * x.shape[-1]):
+    what :data:`KERNEL` declares it serves, ``F.linear`` otherwise."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if x.dtype == weight.dtype and KERNEL.supports(x.device, x.dtype, {"rows": rows}):
         return _linear_step_op(x, weight, bias)
     return F.linear(x, weight, bias)
 

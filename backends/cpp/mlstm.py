@@ -34,6 +34,10 @@ def _compiled(*tensors) -> bool:
             and not torch.compiler.is_compiling())
 
 
+def _wants_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
@@ -81,7 +85,7 @@ def chunk_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float):
     inputs = (q, k, v, log_i, log_f, C0, n0, m0)
     if not _compiled(*inputs):
         return reference_core(*inputs, eps)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    if _wants_grad(*inputs):
         return _CppChunkCore.apply(*inputs, eps)
     return _forward(*map(_flat, inputs), eps)[0]
 
@@ -120,7 +124,7 @@ def chunk_sums(k, v, a):
     compiled for float32 CPU tensors (the reference step otherwise)."""
     if not _compiled(k, v, a):
         return reference_sums(k, v, a)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, a)):
+    if _wants_grad(k, v, a):
         return _CppChunkSums.apply(k, v, a)
     return _sums_forward(*map(_flat, (k, v, a)))
 
@@ -142,8 +146,7 @@ def mlstm_step(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates:
     when no gradient is wanted (generation); the reference step otherwise. The state passed in is not
     modified (the new one is new tensors, as the reference's)."""
     tensors = (q, k, v, i_pre, f_pre, *(state if state is not None else ()))
-    if (not _compiled(*tensors) or not set(gates) <= set(GATE_SCHEMES)
-            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+    if not _compiled(*tensors) or not set(gates) <= set(GATE_SCHEMES) or _wants_grad(*tensors):
         return reference_step(q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps)
     check_shapes(q, k, v, i_pre, f_pre, time_axis=False)
     B, H, Dk = q.shape
