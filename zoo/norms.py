@@ -60,10 +60,13 @@ class _Norm(nn.Module):
         # fused layer_norm is one op where the formula is eight; F.rms_norm is slower on the CPU (1.2-1.7x
         # at B=1 to B=2 x T=1024, d=256) than these four. Same maths: biased variance, eps inside the root.
         if self.centre:
-            g = F.layer_norm(g, g.shape[-1:], eps=self.eps)
+            weight = self.weight if self.groups == 1 else None  # per-head: scaled all at once, below
+            g = F.layer_norm(g, g.shape[-1:], weight, eps=self.eps)
         else:
-            g = g * torch.rsqrt(g.square().mean(-1, keepdim=True).add_(self.eps))
-        y = g.reshape(shape) * self.weight  # one scale over all features (per head: after the heads rejoin)
+            weight, g = None, g * torch.rsqrt(g.square().mean(-1, keepdim=True).add_(self.eps))
+        # The weight inside F.layer_norm (one head) is not only shorter: its fused backward rounds the
+        # gradients differently from a separate multiply (same forward bits), and grid results follow them.
+        y = g.reshape(shape) if weight is not None else g.reshape(shape) * self.weight
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype)
