@@ -1,5 +1,5 @@
 """Build the C++ kernels (the sLSTM and LSTM loops and the mLSTM chunk steps, forward and backward; the
-mLSTM step and a step's linear maps for generation) once per machine and load them with ctypes.
+mLSTM step, a step's linear maps and the xLSTM-7B block's whole step for generation) once per machine and load them with ctypes.
 
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
@@ -25,8 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp", HERE / "mlstm_step.cpp",
-           HERE / "linear_step.cpp")
-HEADERS = (HERE / "loops.h", HERE / "block_gemm.h")
+           HERE / "linear_step.cpp", HERE / "block_step.cpp")
+HEADERS = (HERE / "loops.h", HERE / "block_gemm.h", HERE / "linear_rows.h", HERE / "mlstm_step.h")
 LIBRARY = "libxlstm_zoo_loops.so"
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
 # process's OpenMP runtime, torch's (see parallel_rows in loops.h). Vector maths: the gate maths uses
@@ -148,7 +148,8 @@ def _load(path: Path) -> ctypes.CDLL:
                            "mlstm_chunk_sums_forward_f32": [ptr] * 5 + [i64] * 5,
                            "mlstm_chunk_sums_backward_f32": [ptr] * 8 + [i64] * 5,
                            "mlstm_step_f32": [ptr] * 12 + [i64] * 3 + [f32, f32, flag, flag, i64],
-                           "linear_step_f32": [ptr] * 4 + [i64] * 4}.items():
+                           "linear_step_f32": [ptr] * 4 + [i64] * 4,
+                           "mlstm7b_block_step_f32": [ptr]}.items():
         fn = getattr(lib, f"xlstm_zoo_{name}")
         fn.argtypes, fn.restype = argtypes, None
     return lib

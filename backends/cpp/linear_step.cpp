@@ -1,81 +1,12 @@
-// y [M, N] = x [M, K] W^T (+ b) for the few rows of a generation step (M = batch size, no autograd),
-// W [N, K] in nn.Linear's layout. At these sizes torch's GEMM is far from the machine's limits: at M = 1
-// the product only streams W, yet torch reads it at 10-30 GB/s where this loop reads 30-100 GB/s; at
-// M = 16 it stays at ~70 GFLOP/s, this loop reaches ~100.
-//
-// The output columns are split over threads in panels of 64 (one W panel is read by one thread only).
-// Each panel is a run of dot products vectorised along K: 2 x rows by 8 W rows at a time (1 by 8 for an
-// odd last row), W read in place; the tile of W stays in cache for the next rows of x. (Tiles of 4 x 4,
-// 8 x 2, 4 x 6 and 8 x 3 measured 0-25% slower at M = 16, d = 256-1024.)
+// A step's linear map as one call: y [M, N] = x [M, K] W^T (+ b), M up to 16 (see linear_rows.h). On an
+// AMD EPYC torch's GEMM read W at 10-30 GB/s for M = 1 where this loop read 30-100 GB/s; on a Xeon with
+// AVX-512 and MKL the two are on par (docs/performance.md).
 
-#include "block_gemm.h"  // vfloat, vload
-#include "loops.h"
-
-namespace {
-
-using namespace xlstm_zoo;
-
-constexpr int64_t kPanel = 64;       // output columns per claim
-// Below this many multiply-adds a call stays on the calling thread: waking a second one costs more.
-constexpr int64_t kMinParallelWork = int64_t(1) << 15;
-
-inline float lane_sum(vfloat v) {
-    float s = 0.0f;
-    for (int i = 0; i < kLanes; ++i) s += v[i];
-    return s;
-}
-
-// y[m0:m0+MR, n0:n0+NR] = x[m0:m0+MR] W[n0:n0+NR]^T: MR x NR dot products, vectorised along K.
-template <int MR, int NR>
-inline void dot_tile(int64_t K, const float* x, const float* W, float* y, int64_t ldy) {
-    vfloat acc[MR][NR] = {};
-    int64_t k = 0;
-    for (; k + kLanes <= K; k += kLanes) {
-        vfloat w[NR];
-        for (int c = 0; c < NR; ++c) w[c] = vload(W + c * K + k);
-        for (int r = 0; r < MR; ++r) {
-            const vfloat xv = vload(x + r * K + k);
-            for (int c = 0; c < NR; ++c) acc[r][c] += xv * w[c];
-        }
-    }
-    for (int r = 0; r < MR; ++r)
-        for (int c = 0; c < NR; ++c) {
-            float s = lane_sum(acc[r][c]);
-            for (int64_t kk = k; kk < K; ++kk) s += x[r * K + kk] * W[c * K + kk];
-            y[r * ldy + c] = s;
-        }
-}
-
-struct Linear {
-    const float *x, *W, *b;
-    float* y;
-    int64_t M, N, K;
-};
-
-// Columns [n0, n1) of rows m0..m0+MR: the MR rows share each W tile.
-template <int MR, int NR>
-void rows_of(const Linear& p, int64_t m0, int64_t n0, int64_t n1) {
-    int64_t n = n0;
-    for (; n + NR <= n1; n += NR) dot_tile<MR, NR>(p.K, p.x + m0 * p.K, p.W + n * p.K, p.y + m0 * p.N + n, p.N);
-    for (; n < n1; ++n) dot_tile<MR, 1>(p.K, p.x + m0 * p.K, p.W + n * p.K, p.y + m0 * p.N + n, p.N);
-}
-
-void panel(const Linear& p, int64_t index) {
-    const int64_t n0 = index * kPanel, n1 = std::min(p.N, n0 + kPanel);
-    int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) rows_of<2, 8>(p, m, n0, n1);
-    for (; m < p.M; ++m) rows_of<1, 8>(p, m, n0, n1);
-    if (p.b)
-        for (int64_t r = 0; r < p.M; ++r)
-            for (int64_t n = n0; n < n1; ++n) p.y[r * p.N + n] += p.b[n];
-}
-
-}  // namespace
+#include "linear_rows.h"
 
 extern "C" void xlstm_zoo_linear_step_f32(const float* x, const float* W, const float* b, float* y, int64_t M,
                                           int64_t N, int64_t K, int64_t threads) {
-    const Linear p{x, W, b, y, M, N, K};
-    const int64_t panels = (N + kPanel - 1) / kPanel;
-    if (M * N * K < kMinParallelWork) threads = 1;
-    parallel_rows(panels, threads, [&]() { return [&p](int64_t index) { panel(p, index); }; });
+    using namespace xlstm_zoo;
+    const Linear parts[1] = {{x, W, b, y, M, N, K}};
+    linear_parts(parts, 1, threads);
 }

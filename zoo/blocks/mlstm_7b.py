@@ -2,21 +2,32 @@
 
 pre-norm -> mLSTM cell (soft-capped gates, per-head LayerNorm (eps 1e-6), sigmoid output gate sigmoid(W_o x)) ->
 output projection -> residual; then pre-norm -> SwiGLU -> residual.
+
+A generation step on the CPU (float32, no gradient wanted, no forced backend) runs as one compiled call
+(:mod:`xlstm_zoo.backends.cpp.block_step`) when the block's parts are those it computes: RMS pre-norms,
+full (not block-diagonal) projections, gates reading x, a per-head LayerNorm and a SiLU or GELU MLP.
+Anything else, and every sequence, runs the modules below.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field
+from torch import nn
 
+from xlstm_zoo.backends.cpp.block_step import BlockStepSizes, BlockStepWeights, mlstm7b_block_step
+from xlstm_zoo.backends.cpp.build import unavailable_reason
+from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.blocks.base import Block, build_cell
-from xlstm_zoo.cells.mlstm import MLSTMCellConfig
+from xlstm_zoo.cells.mlstm import MLSTMCell, MLSTMCellConfig
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.gates import ExponentialGateConfig, NormalInit, LinspaceInit, SigmoidGateConfig
-from xlstm_zoo.layers import GatedMLP, MLPConfig, linear
-from xlstm_zoo.norms import MultiHeadLayerNormConfig, RMSNormConfig
+from xlstm_zoo.layers import GatedMLP, Linear, MLPConfig, linear
+from xlstm_zoo.norms import MultiHeadLayerNorm, MultiHeadLayerNormConfig, RMSNorm, RMSNormConfig
 from xlstm_zoo.registry import component
 
 
@@ -60,5 +71,54 @@ class MLSTM7BBlock(Block):
         return self._out(x, y), state
 
     def step(self, x_t, state):
+        sizes = self._compiled_step_sizes(x_t, state)
+        if sizes is not None:
+            state = state if state is not None else self.init_state(x_t.shape[0], x_t.device)
+            return mlstm7b_block_step(x_t, state, self._step_weights(), sizes)
         y, state = self.cell.step(self.norm(x_t), state)
         return self._out(x_t, y), state
+
+    def _compiled_step_sizes(self, x_t, state) -> BlockStepSizes | None:
+        """The compiled step's sizes when it serves this call (see the module docstring), else None."""
+        if (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+                or type(x_t) is not torch.Tensor or x_t.dim() != 2 or x_t.device.type != "cpu"
+                or x_t.dtype != torch.float32 or self.out_proj.weight.dtype != torch.float32
+                or (state is not None and state.C.dtype != torch.float32) or os.environ.get(ENV_FORCE)
+                or (torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.parameters())))):
+            return None
+        if not hasattr(self, "_step_sizes"):  # the block's parts do not change after it is built
+            self._step_sizes = _compiled_step_sizes(self)
+        return self._step_sizes if self._step_sizes is not None and unavailable_reason() is None else None
+
+    def _step_weights(self) -> BlockStepWeights:
+        cell, mlp = self.cell, self.mlp
+        i, f = cell.input_gate, cell.forget_gate
+        return BlockStepWeights(
+            self.norm.weight, self.norm.bias, cell.q.weight, cell.q.bias, cell.k.weight, cell.k.bias,
+            cell.v.weight, cell.v.bias, cell.o.weight, cell.o.bias, i.proj.weight if i.proj is not None else None,
+            i.bias, f.proj.weight if f.proj is not None else None, f.bias, cell.norm.weight, cell.norm.bias,
+            self.out_proj.weight, self.out_proj.bias, self.mlp_norm.weight, self.mlp_norm.bias,
+            mlp.up.weight, mlp.up.bias, mlp.down.weight, mlp.down.bias)
+
+
+PLAIN_LINEAR = (nn.Linear, Linear)  # exactly these: a subclass (a plugin's adapter, say) may compute more
+
+
+def _compiled_step_sizes(block: MLSTM7BBlock) -> BlockStepSizes | None:
+    """What the compiled step needs to know, or None where the block has parts it does not compute."""
+    cell, mlp = block.cell, block.mlp
+    linears = [block.out_proj, mlp.up, mlp.down] + ([cell.q, cell.k, cell.v, cell.o] if type(cell) is MLSTMCell else [])
+    gates = (cell.input_gate, cell.forget_gate) if type(cell) is MLSTMCell else ()
+    if (type(cell) is not MLSTMCell or cell.config.gate_input != "x" or cell.o is None or cell.config.backend
+            or type(cell.norm) is not MultiHeadLayerNorm or type(block.norm) is not RMSNorm
+            or type(block.mlp_norm) is not RMSNorm or type(mlp) is not GatedMLP or mlp.act not in (F.silu, F.gelu)
+            or not all(type(m) in PLAIN_LINEAR for m in linears)
+            or any(g.units != cell.num_heads or not (g.proj is None or type(g.proj) in PLAIN_LINEAR) for g in gates)
+            or any(scheme not in ("sigmoid", "exponential") for scheme in cell.gates)):
+        return None
+    return BlockStepSizes(
+        heads=cell.num_heads, qk_dim=cell.q.out_features, hidden=mlp.down.in_features,
+        exp_input=cell.gates.input == "exponential", exp_forget=cell.gates.forget == "exponential",
+        gelu=mlp.act is F.gelu, norm_eps=block.norm.eps, mlp_norm_eps=block.mlp_norm.eps,
+        head_norm_eps=cell.norm.eps, i_cap=cell.input_gate.softcap or 0.0, f_cap=cell.forget_gate.softcap or 0.0,
+        qk_scale=cell.qk_head_dim ** -0.5, cell_eps=cell.config.eps)

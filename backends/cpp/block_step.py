@@ -1,0 +1,119 @@
+"""The xLSTM-7B block's whole generation step as one compiled call (``block_step.cpp``), no autograd.
+
+A block step run eagerly is ~100 small PyTorch ops (norms, seven projections, gate maths, the mLSTM
+update, the per-head norm, the gated MLP); at generation sizes their dispatch costs more than their
+arithmetic. :class:`~xlstm_zoo.blocks.mlstm_7b.MLSTM7BBlock` calls :func:`mlstm7b_block_step` when its
+parts are the ones this kernel computes and the call is a plain float32 CPU step without gradients; the
+result equals its eager step to float32 rounding (tests/backends/test_block_step.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple
+
+import torch
+
+from xlstm_zoo.backends.cpp.build import library
+from xlstm_zoo.backends.states import MLSTMState
+
+__all__ = ["BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step"]
+
+
+class BlockStepWeights(NamedTuple):
+    """The block's tensors in ``nn.Linear``'s layout ``[out, in]``; a bias (or a gate's projection) may be None."""
+
+    norm_w: torch.Tensor
+    norm_b: torch.Tensor | None
+    Wq: torch.Tensor
+    bq: torch.Tensor | None
+    Wk: torch.Tensor
+    bk: torch.Tensor | None
+    Wv: torch.Tensor
+    bv: torch.Tensor | None
+    Wo: torch.Tensor
+    bo: torch.Tensor | None
+    Wi: torch.Tensor | None
+    bi: torch.Tensor
+    Wf: torch.Tensor | None
+    bf: torch.Tensor
+    head_norm_w: torch.Tensor
+    head_norm_b: torch.Tensor | None
+    Wout: torch.Tensor
+    bout: torch.Tensor | None
+    mlp_norm_w: torch.Tensor
+    mlp_norm_b: torch.Tensor | None
+    Wup: torch.Tensor
+    bup: torch.Tensor | None
+    Wdown: torch.Tensor
+    bdown: torch.Tensor | None
+
+
+class BlockStepSizes(NamedTuple):
+    """Sizes, gate schemes and constants; ``i_cap``/``f_cap`` 0 means no soft cap."""
+
+    heads: int
+    qk_dim: int
+    hidden: int
+    exp_input: bool
+    exp_forget: bool
+    gelu: bool
+    norm_eps: float
+    mlp_norm_eps: float
+    head_norm_eps: float
+    i_cap: float
+    f_cap: float
+    qk_scale: float
+    cell_eps: float
+
+
+_STATE = ("x", "C", "n", "m", "y", "C_out", "n_out", "m_out")
+_INTS = ("batch", "dim", "heads", "qk_dim", "hidden", "exp_input", "exp_forget", "gelu", "threads")
+_FLOATS = ("norm_eps", "mlp_norm_eps", "head_norm_eps", "i_cap", "f_cap", "qk_scale", "cell_eps")
+
+
+class _Args(ctypes.Structure):  # block_step.cpp's BlockStep, field for field
+    _fields_ = ([(name, ctypes.c_void_p) for name in (*_STATE, *BlockStepWeights._fields)]
+                + [(name, ctypes.c_int64) for name in _INTS] + [(name, ctypes.c_float) for name in _FLOATS])
+
+
+def _expected_shapes(dim: int, s: BlockStepSizes) -> dict[str, tuple[int, ...]]:
+    H, qk, F = s.heads, s.qk_dim, s.hidden
+    return dict(norm_w=(dim,), norm_b=(dim,), Wq=(qk, dim), bq=(qk,), Wk=(qk, dim), bk=(qk,), Wv=(dim, dim),
+                bv=(dim,), Wo=(dim, dim), bo=(dim,), Wi=(H, dim), bi=(H,), Wf=(H, dim), bf=(H,),
+                head_norm_w=(dim,), head_norm_b=(dim,), Wout=(dim, dim), bout=(dim,), mlp_norm_w=(dim,),
+                mlp_norm_b=(dim,), Wup=(2 * F, dim), bup=(2 * F,), Wdown=(dim, F), bdown=(dim,))
+
+
+def _checked(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    if t.dtype != torch.float32 or t.device.type != "cpu" or tuple(t.shape) != shape:
+        raise ValueError(f"mlstm7b_block_step: {name} is {t.dtype} {tuple(t.shape)} on {t.device}, "
+                         f"expected float32 {shape} on the CPU")
+    return t.contiguous()
+
+
+def mlstm7b_block_step(x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights,
+                       sizes: BlockStepSizes) -> tuple[torch.Tensor, MLSTMState]:
+    """One token through the block: ``x [B, dim]`` and the cell's state -> ``y [B, dim]`` and the new state
+    (new tensors; the state passed in is not modified)."""
+    if x.dim() != 2:
+        raise ValueError(f"mlstm7b_block_step: x must be [batch, dim], got {tuple(x.shape)}")
+    B, dim = x.shape
+    H, Dk, Dv = sizes.heads, sizes.qk_dim // sizes.heads, dim // sizes.heads
+    expected = _expected_shapes(dim, sizes)
+    # Every operand bound to a name that outlives the call: a temporary's pointer would dangle.
+    held = {name: None if t is None else _checked(name, t, expected[name]) for name, t in zip(weights._fields, weights)}
+    for required in ("bi", "bf"):
+        if held[required] is None:
+            raise ValueError(f"mlstm7b_block_step: {required} (the gate's bias) is required")
+    x = _checked("x", x, (B, dim))
+    C, n, m = (_checked(name, t, shape) for name, t, shape in
+               zip("Cnm", state, ((B, H, Dk, Dv), (B, H, Dk), (B, H))))
+    y, C_out, n_out, m_out = torch.empty_like(x), torch.empty_like(C), torch.empty_like(n), torch.empty_like(m)
+    tensors = dict(x=x, C=C, n=n, m=m, y=y, C_out=C_out, n_out=n_out, m_out=m_out, **held)
+    args = _Args(**{name: None if t is None else t.data_ptr() for name, t in tensors.items()},
+                 batch=B, dim=dim, threads=torch.get_num_threads(),
+                 **{name: getattr(sizes, name) for name in _INTS[2:-1]},
+                 **{name: getattr(sizes, name) for name in _FLOATS})
+    library().xlstm_zoo_mlstm7b_block_step_f32(ctypes.addressof(args))
+    return y, MLSTMState(C_out, n_out, m_out)
