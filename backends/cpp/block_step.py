@@ -17,7 +17,7 @@ import torch
 from xlstm_zoo.backends.cpp.build import library
 from xlstm_zoo.backends.states import MLSTMState
 
-__all__ = ["BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step"]
+__all__ = ["BlockStepKernel", "BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step"]
 
 
 class BlockStepWeights(NamedTuple):
@@ -92,28 +92,62 @@ def _checked(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor
     return t.contiguous()
 
 
+class BlockStepKernel:
+    """The compiled step of one block (one instance per block). The weights are checked (dtype, device,
+    shape) when they are first seen, and again whenever one of them is a different tensor or storage; a
+    step with the same weights as the last one only checks its input and state. Python's share of a step
+    at d=256 is otherwise about as long as the kernel's."""
+
+    def __init__(self, sizes: BlockStepSizes):
+        self.sizes = sizes
+        self._weights_key: tuple | None = None
+        self._weights: dict[str, torch.Tensor | None] = {}  # the checked weights, held while in use
+        self._template = _Args()  # the call's arguments but for input, state and outputs
+
+    def __call__(self, x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights) -> tuple[torch.Tensor, MLSTMState]:
+        """One token through the block: ``x [B, dim]`` and the cell's state -> ``y [B, dim]`` and the new
+        state (new tensors; the state passed in is not modified)."""
+        if x.dim() != 2:
+            raise ValueError(f"mlstm7b_block_step: x must be [batch, dim], got {tuple(x.shape)}")
+        B, dim = x.shape
+        key = (dim, *(0 if t is None else t.data_ptr() for t in weights))
+        if key != self._weights_key:
+            self._prepare(dim, weights)
+            # A weight that had to be copied (not contiguous) is copied again each step: the copy would not
+            # see in-place updates of the original.
+            contiguous = all(t is None or t.is_contiguous() for t in weights)
+            self._weights_key = key if contiguous else None
+        H, Dk, Dv = self.sizes.heads, self.sizes.qk_dim // self.sizes.heads, dim // self.sizes.heads
+        # Every operand bound to a name that outlives the call: a temporary's pointer would dangle.
+        x = _checked("x", x, (B, dim))
+        C, n, m = (_checked(name, t, shape) for name, t, shape in
+                   zip("Cnm", state, ((B, H, Dk, Dv), (B, H, Dk), (B, H))))
+        y, C_out, n_out, m_out = torch.empty_like(x), torch.empty_like(C), torch.empty_like(n), torch.empty_like(m)
+        args = _Args.from_buffer_copy(self._template)
+        args.x, args.C, args.n, args.m = x.data_ptr(), C.data_ptr(), n.data_ptr(), m.data_ptr()
+        args.y, args.C_out, args.n_out, args.m_out = y.data_ptr(), C_out.data_ptr(), n_out.data_ptr(), m_out.data_ptr()
+        args.batch, args.threads = B, torch.get_num_threads()
+        library().xlstm_zoo_mlstm7b_block_step_f32(ctypes.addressof(args))
+        return y, MLSTMState(C_out, n_out, m_out)
+
+    def _prepare(self, dim: int, weights: BlockStepWeights) -> None:
+        self._weights = self._check_weights(dim, weights)
+        sizes = self.sizes
+        self._template = _Args(**{name: None if t is None else t.data_ptr() for name, t in self._weights.items()},
+                               dim=dim, **{name: getattr(sizes, name) for name in _INTS[2:-1]},
+                               **{name: getattr(sizes, name) for name in _FLOATS})
+
+    def _check_weights(self, dim: int, weights: BlockStepWeights) -> dict[str, torch.Tensor | None]:
+        expected = _expected_shapes(dim, self.sizes)
+        held = {name: None if t is None else _checked(name, t, expected[name])
+                for name, t in zip(weights._fields, weights)}
+        for required in ("bi", "bf"):
+            if held[required] is None:
+                raise ValueError(f"mlstm7b_block_step: {required} (the gate's bias) is required")
+        return held
+
+
 def mlstm7b_block_step(x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights,
                        sizes: BlockStepSizes) -> tuple[torch.Tensor, MLSTMState]:
-    """One token through the block: ``x [B, dim]`` and the cell's state -> ``y [B, dim]`` and the new state
-    (new tensors; the state passed in is not modified)."""
-    if x.dim() != 2:
-        raise ValueError(f"mlstm7b_block_step: x must be [batch, dim], got {tuple(x.shape)}")
-    B, dim = x.shape
-    H, Dk, Dv = sizes.heads, sizes.qk_dim // sizes.heads, dim // sizes.heads
-    expected = _expected_shapes(dim, sizes)
-    # Every operand bound to a name that outlives the call: a temporary's pointer would dangle.
-    held = {name: None if t is None else _checked(name, t, expected[name]) for name, t in zip(weights._fields, weights)}
-    for required in ("bi", "bf"):
-        if held[required] is None:
-            raise ValueError(f"mlstm7b_block_step: {required} (the gate's bias) is required")
-    x = _checked("x", x, (B, dim))
-    C, n, m = (_checked(name, t, shape) for name, t, shape in
-               zip("Cnm", state, ((B, H, Dk, Dv), (B, H, Dk), (B, H))))
-    y, C_out, n_out, m_out = torch.empty_like(x), torch.empty_like(C), torch.empty_like(n), torch.empty_like(m)
-    tensors = dict(x=x, C=C, n=n, m=m, y=y, C_out=C_out, n_out=n_out, m_out=m_out, **held)
-    args = _Args(**{name: None if t is None else t.data_ptr() for name, t in tensors.items()},
-                 batch=B, dim=dim, threads=torch.get_num_threads(),
-                 **{name: getattr(sizes, name) for name in _INTS[2:-1]},
-                 **{name: getattr(sizes, name) for name in _FLOATS})
-    library().xlstm_zoo_mlstm7b_block_step_f32(ctypes.addressof(args))
-    return y, MLSTMState(C_out, n_out, m_out)
+    """One token through the block, checking everything (a block keeps a :class:`BlockStepKernel`)."""
+    return BlockStepKernel(sizes)(x, state, weights)

@@ -17,10 +17,16 @@ constexpr int64_t kPanel = 64;  // output columns per claim
 // Below this many multiply-adds a call stays on the calling thread: waking a second one costs more.
 constexpr int64_t kMinParallelWork = int64_t(1) << 15;
 
+// The sum of a vector's lanes as a tree of halves: four dependent adds, not fifteen in a row (the compiler
+// may not reorder a float sum itself). A tile's 16 sums cost about as much as its multiply-adds at K = 256
+// the sequential way.
 inline float lane_sum(vfloat v) {
-    float s = 0.0f;
-    for (int i = 0; i < kLanes; ++i) s += v[i];
-    return s;
+    typedef float half8 __attribute__((vector_size(8 * sizeof(float))));
+    typedef float half4 __attribute__((vector_size(4 * sizeof(float))));
+    const half8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const half4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 // y[m0:m0+MR, n0:n0+NR] = x[m0:m0+MR] W[n0:n0+NR]^T: MR x NR dot products, vectorised along K.

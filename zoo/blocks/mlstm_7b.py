@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.backends.cpp.block_step import BlockStepSizes, BlockStepWeights, mlstm7b_block_step
+from xlstm_zoo.backends.cpp.block_step import BlockStepKernel, BlockStepSizes, BlockStepWeights
 from xlstm_zoo.backends.cpp.build import unavailable_reason
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.blocks.base import Block, build_cell
@@ -71,34 +71,49 @@ class MLSTM7BBlock(Block):
         return self._out(x, y), state
 
     def step(self, x_t, state):
-        sizes = self._compiled_step_sizes(x_t, state)
-        if sizes is not None:
+        kernel = self._compiled_step(x_t, state)
+        if kernel is not None:
             state = state if state is not None else self.init_state(x_t.shape[0], x_t.device)
-            return mlstm7b_block_step(x_t, state, self._step_weights(), sizes)
+            return kernel(x_t, state, self._step_weights())
         y, state = self.cell.step(self.norm(x_t), state)
         return self._out(x_t, y), state
 
-    def _compiled_step_sizes(self, x_t, state) -> BlockStepSizes | None:
-        """The compiled step's sizes when it serves this call (see the module docstring), else None."""
+    def _compiled_step(self, x_t, state) -> BlockStepKernel | None:
+        """The compiled step when it serves this call (see the module docstring), else None."""
         if (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
                 or type(x_t) is not torch.Tensor or x_t.dim() != 2 or x_t.device.type != "cpu"
                 or x_t.dtype != torch.float32 or self.out_proj.weight.dtype != torch.float32
                 or (state is not None and state.C.dtype != torch.float32) or os.environ.get(ENV_FORCE)
                 or (torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.parameters())))):
             return None
-        if not hasattr(self, "_step_sizes"):  # the block's parts do not change after it is built
-            self._step_sizes = _compiled_step_sizes(self)
-        return self._step_sizes if self._step_sizes is not None and unavailable_reason() is None else None
+        if not hasattr(self, "_step_kernel"):  # the block's parts are checked at its first step
+            sizes = _compiled_step_sizes(self)
+            self._step_kernel = BlockStepKernel(sizes) if sizes is not None else None
+        return self._step_kernel if self._step_kernel is not None and unavailable_reason() is None else None
 
     def _step_weights(self) -> BlockStepWeights:
-        cell, mlp = self.cell, self.mlp
-        i, f = cell.input_gate, cell.forget_gate
+        # Through the modules' own dicts: nn.Module's attribute lookup costs ~1 us a name, and a step
+        # reads 24 tensors per block.
+        parts, cell_parts = self._modules, self._modules["cell"]._modules
+        norm, mlp_norm, out_proj = (parts[name] for name in ("norm", "mlp_norm", "out_proj"))
+        up, down = (parts["mlp"]._modules[name] for name in ("up", "down"))
+        q, k, v, o, i, f, head_norm = (cell_parts[name] for name in ("q", "k", "v", "o", "input_gate", "forget_gate", "norm"))
+        i_proj, f_proj = i._modules.get("proj"), f._modules.get("proj")
         return BlockStepWeights(
-            self.norm.weight, self.norm.bias, cell.q.weight, cell.q.bias, cell.k.weight, cell.k.bias,
-            cell.v.weight, cell.v.bias, cell.o.weight, cell.o.bias, i.proj.weight if i.proj is not None else None,
-            i.bias, f.proj.weight if f.proj is not None else None, f.bias, cell.norm.weight, cell.norm.bias,
-            self.out_proj.weight, self.out_proj.bias, self.mlp_norm.weight, self.mlp_norm.bias,
-            mlp.up.weight, mlp.up.bias, mlp.down.weight, mlp.down.bias)
+            *_weight_bias(norm), *_weight_bias(q), *_weight_bias(k), *_weight_bias(v), *_weight_bias(o),
+            None if i_proj is None else i_proj._parameters["weight"], _tensor(i, "bias"),
+            None if f_proj is None else f_proj._parameters["weight"], _tensor(f, "bias"),
+            *_weight_bias(head_norm), *_weight_bias(out_proj), *_weight_bias(mlp_norm), *_weight_bias(up),
+            *_weight_bias(down))
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
+    found = module._parameters.get(name)
+    return found if found is not None else module._buffers.get(name)
+
+
+def _weight_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return module._parameters["weight"], module._parameters.get("bias")
 
 
 PLAIN_LINEAR = (nn.Linear, Linear)  # exactly these: a subclass (a plugin's adapter, say) may compute more

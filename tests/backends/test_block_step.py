@@ -1,0 +1,143 @@
+"""The xLSTM-7B block's compiled generation step (``backends/cpp/block_step.cpp``): equal to the block's
+eager step (the modules, everything on the reference backend) to float32 rounding, over several tokens and
+block variants; used exactly when it serves the call; clear errors; weights updated in place or replaced
+between steps are seen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xlstm_zoo import build, load_recipe
+from xlstm_zoo.backends import MLSTMState
+from xlstm_zoo.backends.cpp import build as cpp_build
+from xlstm_zoo.backends.cpp.block_step import BlockStepKernel
+from xlstm_zoo.backends.dispatch import ENV_FORCE
+from xlstm_zoo.tolerances import assert_close
+
+pytestmark = pytest.mark.skipif(cpp_build.unavailable_reason() is not None, reason="needs the C++ kernels built")
+
+DIM = 64
+VARIANTS = {
+    "7b": [],
+    "biases": ["stack.blocks.m.bias=true", "stack.blocks.m.cell.bias=true", "stack.blocks.m.norm.bias=true",
+               "stack.blocks.m.mlp_norm.bias=true", "stack.blocks.m.cell.norm.bias=true", "stack.blocks.m.mlp.bias=true"],
+    "no_softcap_gelu": ["stack.blocks.m.cell.input_gate.softcap=null", "stack.blocks.m.cell.forget_gate.softcap=null",
+                        "stack.blocks.m.mlp.activation=gelu"],
+    "sigmoid_input_exp_forget": ["stack.blocks.m.cell.input_gate.type=sigmoid",
+                                 "stack.blocks.m.cell.forget_gate.type=exponential"],
+    "qk_full_width": ["stack.blocks.m.cell.qk_dim_factor=1.0", "stack.blocks.m.cell.num_heads=2"],
+}
+
+
+def model(*overrides, seed=0):
+    torch.manual_seed(seed)
+    m = build(load_recipe("xlstm_7b_small", [f"dim={DIM}", "stack.pattern=mm", *overrides])).eval()
+    with torch.no_grad():  # the gates' projections start at zero: make them matter
+        for name, p in m.named_parameters():
+            if "gate.proj" in name or name.endswith("bias"):
+                p.normal_(0.0, 0.3)
+    return m
+
+
+def eager_step(block, x, state, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setenv(ENV_FORCE, "reference")
+        assert block._compiled_step(x, state) is None
+        return block.step(x, state)
+
+
+def prefilled_state(m, batch):
+    tokens = torch.randint(0, m.config.vocab_size, (batch, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return m(tokens)[1]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("batch", [1, 3, 17])
+def test_block_step_equals_the_eager_step_over_tokens(variant, batch, monkeypatch):
+    m = model(*VARIANTS[variant])
+    block = m.stack.blocks[1]
+    state = prefilled_state(m, batch)[1]
+    compiled_state, eager_state = state, state
+    with torch.no_grad():
+        for t in range(4):
+            x = torch.randn(batch, DIM, generator=torch.Generator().manual_seed(10 + t)) * 2
+            assert block._compiled_step(x, compiled_state) is not None
+            y, compiled_state = block.step(x, compiled_state)
+            y_eager, eager_state = eager_step(block, x, eager_state, monkeypatch)
+            assert_close(y, y_eager, kind="kernel", what=f"y at token {t}", dtype=torch.float32)
+            for name, a, e in zip("Cnm", compiled_state, eager_state):
+                assert_close(a, e, kind="kernel", what=f"{name} at token {t}", dtype=torch.float32)
+
+
+def test_model_step_from_the_zero_state_equals_the_reference(monkeypatch):
+    m = model()
+    token = torch.tensor([3, 7])
+    with torch.no_grad():
+        logits, state = m.step(token, None)
+        with monkeypatch.context() as patch:
+            patch.setenv(ENV_FORCE, "reference")
+            ref_logits, ref_state = m.step(token, None)
+    assert_close(logits, ref_logits, kind="kernel", what="logits", dtype=torch.float32)
+    for got, want in zip(state, ref_state):
+        for a, e in zip(got, want):
+            assert_close(a, e, kind="kernel", what="state", dtype=torch.float32)
+
+
+def test_the_state_passed_in_is_not_modified():
+    m = model()
+    state = prefilled_state(m, 2)[0]
+    before = [t.clone() for t in state]
+    with torch.no_grad():
+        m.stack.blocks[0].step(torch.randn(2, DIM), state)
+    assert all(torch.equal(a, b) for a, b in zip(state, before))
+
+
+def test_in_place_weight_updates_and_replaced_weights_are_seen(monkeypatch):
+    m = model()
+    block = m.stack.blocks[0]
+    state = prefilled_state(m, 2)[0]
+    x = torch.randn(2, DIM)
+    with torch.no_grad():
+        first, _ = block.step(x, state)
+        block.mlp.down.weight.mul_(2.0)                                        # same storage
+        block.cell.q.weight = torch.nn.Parameter(block.cell.q.weight * 0.5)    # a new tensor
+        block.out_proj.weight = torch.nn.Parameter(torch.randn(DIM, 2 * DIM)[:, ::2])  # not contiguous
+        second, _ = block.step(x, state)
+        expected, _ = eager_step(block, x, state, monkeypatch)
+        block.out_proj.weight.mul_(3.0)  # a copy of a strided weight would miss this
+        third, _ = block.step(x, state)
+        expected_third, _ = eager_step(block, x, state, monkeypatch)
+    assert not torch.allclose(first, second)
+    assert_close(second, expected, kind="kernel", what="y after the weight changes", dtype=torch.float32)
+    assert_close(third, expected_third, kind="kernel", what="y after a strided weight changed", dtype=torch.float32)
+
+
+def test_the_eager_path_serves_what_the_kernel_does_not(monkeypatch):
+    x = torch.randn(2, DIM)
+    block = model().stack.blocks[0]
+    state = block.init_state(2)
+    with torch.no_grad():
+        assert isinstance(block._compiled_step(x, state), BlockStepKernel)
+        assert block._compiled_step(x.double(), state) is None                 # not float32
+        assert block._compiled_step(x[None], state) is None                    # a sequence, not a step
+        monkeypatch.setenv(ENV_FORCE, "reference")
+        assert block._compiled_step(x, state) is None                          # a forced backend
+        monkeypatch.delenv(ENV_FORCE)
+    assert block._compiled_step(x, state) is None                              # gradients wanted
+    for overrides in (["stack.blocks.m.cell.proj=blockdiag"], ["stack.blocks.m.norm.type=layernorm"],
+                      ["stack.blocks.m.cell.backend=reference"], ["stack.blocks.m.cell.input_gate.proj=headwise"]):
+        other = model(*overrides).stack.blocks[0]
+        with torch.no_grad():
+            assert other._compiled_step(x, other.init_state(2)) is None, overrides
+            y, _ = other.step(x, other.init_state(2))  # and the eager step still runs
+        assert y.shape == x.shape
+
+
+def test_a_bad_state_is_named():
+    block = model().stack.blocks[0]
+    x = torch.randn(2, DIM)
+    C, n, m = block.init_state(2)
+    with torch.no_grad(), pytest.raises(ValueError, match=r"mlstm7b_block_step: n is torch.float32 \(2, 3\).*expected"):
+        block.step(x, MLSTMState(C, torch.zeros(2, 3), m))
