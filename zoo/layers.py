@@ -12,6 +12,7 @@ from pydantic import Field
 from torch import nn
 
 from xlstm_zoo import backends as ops
+from xlstm_zoo.backends.cpp import linear as cpp_linear
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.config import AddedField, ZooConfig
 
@@ -36,10 +37,11 @@ class BlockDiagonalLinear(nn.Module):
 
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, initialisation and state_dict) whose generation steps go through
-    the ``linear_step`` op: a step's input ``[B, K]`` with no gradient wanted, eager or under torch.compile.
-    On the CPU that is a compiled loop 1.2-1.8x faster than torch's GEMM at a step's sizes (see
-    docs/performance.md). Everything else (sequences, training, tracing, export, a forced backend) is
-    ``F.linear``."""
+    the ``linear_step`` op: a step's input ``[B, K]`` with no gradient wanted, eager or under torch.compile,
+    on CPUs where that pays (:data:`~xlstm_zoo.backends.cpp.linear.ROUTE_STEPS`: not on Intel, whose MKL
+    GEMM is as fast). On an AMD EPYC the op's compiled loop was 1.2-1.8x faster than torch's GEMM at a
+    step's sizes (see docs/performance.md). Everything else (sequences, training, tracing, export, a
+    forced backend) is ``F.linear``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._step_op(x):
@@ -47,7 +49,7 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
     def _step_op(self, x) -> bool:
-        return (type(x) is torch.Tensor and x.dim() == 2 and x.device.type == "cpu"
+        return (cpp_linear.ROUTE_STEPS and type(x) is torch.Tensor and x.dim() == 2 and x.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
                 and not torch.compiler.is_exporting() and not torch.jit.is_tracing()
                 and not os.environ.get(ENV_FORCE))  # a forced backend need not have the op

@@ -14,10 +14,26 @@ import torch.nn.functional as F
 from xlstm_zoo.backends.cpp.build import library, pointer, unavailable_reason
 from xlstm_zoo.backends.kernel import Kernel, Limit
 
-__all__ = ["KERNEL", "LINEAR_STEP_MAX_ROWS", "compiled_linear_step", "linear_step"]
+__all__ = ["KERNEL", "LINEAR_STEP_MAX_ROWS", "ROUTE_STEPS", "compiled_linear_step", "cpu_vendor", "linear_step"]
 
-# Up to this many rows (a step's batch size) the loop beats torch's GEMM (docs/performance.md).
+# Up to this many rows (a step's batch size) the loop beats torch's GEMM on an AMD EPYC (docs/performance.md).
 LINEAR_STEP_MAX_ROWS = 16
+
+
+def cpu_vendor() -> str:
+    """``/proc/cpuinfo``'s vendor_id (``GenuineIntel``, ``AuthenticAMD``), "" where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+# Whether xlstm_zoo.layers.Linear sends a step's calls here. On an AMD EPYC torch's GEMM (MKL) reads the
+# weight at a third of this loop's speed at M = 1; on an Intel Xeon with AVX-512 it is as fast or faster
+# (xLSTM[7:1] generation step 3.3 ms with the layers routed here, 2.8 ms without), so there they stay on
+# F.linear. The 7B block's compiled step (block_step.cpp) uses the loop inside it on every CPU.
+ROUTE_STEPS = cpu_vendor() != "GenuineIntel"
 
 
 def linear_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -59,7 +75,7 @@ def compiled_linear_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     """:func:`linear_step` where torch.compile traces (it does not trace the dispatcher): the opaque op for
     what :data:`KERNEL` declares it serves, ``F.linear`` otherwise."""
     rows = x.numel() // max(x.shape[-1], 1)
-    if x.dtype == weight.dtype and KERNEL.supports(x.device, x.dtype, {"rows": rows}):
+    if ROUTE_STEPS and x.dtype == weight.dtype and KERNEL.supports(x.device, x.dtype, {"rows": rows}):
         return _linear_step_op(x, weight, bias)
     return F.linear(x, weight, bias)
 

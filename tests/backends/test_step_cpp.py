@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import build
+from xlstm_zoo.backends.cpp import linear as cpp_linear
 from xlstm_zoo.backends.cpp.linear import linear_step
 from xlstm_zoo.backends.cpp.mlstm import mlstm_step
 from xlstm_zoo.backends.dispatch import ENV_FORCE
@@ -135,6 +136,7 @@ def routed(layer, x, monkeypatch) -> bool:
 
 
 def test_linear_routes_only_a_steps_inference_calls(monkeypatch):
+    monkeypatch.setattr(cpp_linear, "ROUTE_STEPS", True)  # as on a CPU where the loop pays (not Intel's)
     torch.manual_seed(0)
     layer = Linear(24, 40)
     plain = torch.nn.Linear(24, 40)
@@ -153,7 +155,20 @@ def test_linear_routes_only_a_steps_inference_calls(monkeypatch):
         assert not routed(layer, step, monkeypatch)
 
 
-def test_linear_under_torch_compile_calls_the_kernel_as_an_opaque_op():
+def test_linear_routes_nothing_where_the_loop_does_not_pay(monkeypatch):
+    monkeypatch.setattr(cpp_linear, "ROUTE_STEPS", False)
+    layer, step = Linear(24, 40), randn(3, 24)
+    with torch.no_grad():
+        assert not routed(layer, step, monkeypatch)
+        assert torch.equal(layer(step), F.linear(step, layer.weight, layer.bias))
+
+
+def test_steps_are_routed_except_on_intel_cpus():
+    assert cpp_linear.ROUTE_STEPS == (cpp_linear.cpu_vendor() != "GenuineIntel")
+
+
+def test_linear_under_torch_compile_calls_the_kernel_as_an_opaque_op(monkeypatch):
+    monkeypatch.setattr(cpp_linear, "ROUTE_STEPS", True)
     torch.manual_seed(0)
     layer, x = Linear(24, 40), randn(3, 24)
     with torch.no_grad():  # fullgraph: a graph break (e.g. in the dispatcher) would be an error
