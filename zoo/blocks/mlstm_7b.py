@@ -82,14 +82,15 @@ class MLSTM7BBlock(Block):
         """The compiled step when it serves this call (see the module docstring), else None."""
         if (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
                 or type(x_t) is not torch.Tensor or x_t.dim() != 2 or x_t.device.type != "cpu"
-                or x_t.dtype != torch.float32 or self.out_proj.weight.dtype != torch.float32
-                or (state is not None and state.C.dtype != torch.float32) or os.environ.get(ENV_FORCE)
+                or x_t.dtype != torch.float32 or self.out_proj.weight.dtype != torch.float32 or os.environ.get(ENV_FORCE)
                 or (torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.parameters())))):
             return None
         if not hasattr(self, "_step_kernel"):  # the block's parts are checked at its first step
             sizes = _compiled_step_sizes(self)
             self._step_kernel = BlockStepKernel(sizes) if sizes is not None else None
-        return self._step_kernel if self._step_kernel is not None and unavailable_reason() is None else None
+        if self._step_kernel is None or unavailable_reason() is not None:
+            return None
+        return self._step_kernel if state is None or state.C.dtype == torch.float32 else None  # an mLSTM state
 
     def _step_weights(self) -> BlockStepWeights:
         # Through the modules' own dicts: nn.Module's attribute lookup costs ~1 us a name, and a step
