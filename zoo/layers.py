@@ -13,6 +13,7 @@ from torch import nn
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import linear as cpp_linear
+from xlstm_zoo.backends.cpp.gated_activation import silu_gate
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.config import AddedField, ZooConfig
 
@@ -140,5 +141,8 @@ class GatedMLP(nn.Module):
         self.act = F.gelu if config.activation == "gelu" else F.silu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.up(x).chunk(2, dim=-1)
+        u = self.up(x)
+        if self.act is F.silu:  # one pass each way on the CPU (backends/cpp/gated_activation.py)
+            return self.down(silu_gate(u))
+        gate, up = u.chunk(2, dim=-1)
         return self.down(self.act(gate) * up)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp", HERE / "mlstm_step.cpp",
-           HERE / "linear_step.cpp", HERE / "block_step.cpp")
+           HERE / "linear_step.cpp", HERE / "block_step.cpp", HERE / "gated_activation.cpp")
 HEADERS = (HERE / "loops.h", HERE / "block_gemm.h", HERE / "linear_rows.h", HERE / "mlstm_step.h")
 LIBRARY = "libxlstm_zoo_loops.so"
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
@@ -149,7 +149,9 @@ def _load(path: Path) -> ctypes.CDLL:
                            "mlstm_chunk_sums_backward_f32": [ptr] * 8 + [i64] * 5,
                            "mlstm_step_f32": [ptr] * 12 + [i64] * 3 + [f32, f32, flag, flag, i64],
                            "linear_step_f32": [ptr] * 4 + [i64] * 4,
-                           "mlstm7b_block_step_f32": [ptr]}.items():
+                           "mlstm7b_block_step_f32": [ptr],
+                           "silu_gate_forward_f32": [ptr] * 2 + [i64] * 3,
+                           "silu_gate_backward_f32": [ptr] * 3 + [i64] * 3}.items():
         fn = getattr(lib, f"xlstm_zoo_{name}")
         fn.argtypes, fn.restype = argtypes, None
     return lib

@@ -1,0 +1,68 @@
+"""The gated MLP's SiLU gate ``silu(u[..., :F]) * u[..., F:]``, forward and backward in one compiled pass
+each (``gated_activation.cpp``) for float32 CPU tensors; elsewhere (other dtypes or devices, under
+torch.compile, tracing or export, a forced backend, no C++ kernels) the same maths in PyTorch ops.
+
+Eagerly the forward is two passes over the activations and the backward four and a ``cat`` that joins
+the two halves' gradients; at a training step's sizes each pass is bound by memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from xlstm_zoo.backends.cpp.build import library, unavailable_reason
+from xlstm_zoo.backends.dispatch import ENV_FORCE
+
+__all__ = ["silu_gate"]
+
+
+def _rows_and_width(u: torch.Tensor) -> tuple[int, int]:
+    return u.numel() // u.shape[-1], u.shape[-1] // 2
+
+
+def _forward(u: torch.Tensor) -> torch.Tensor:
+    rows, width = _rows_and_width(u)
+    a = u.new_empty(*u.shape[:-1], width)
+    library().xlstm_zoo_silu_gate_forward_f32(u.data_ptr(), a.data_ptr(), rows, width, torch.get_num_threads())
+    return a
+
+
+class _SiluGate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u):
+        u = u.contiguous()
+        ctx.save_for_backward(u)
+        return _forward(u)
+
+    @staticmethod
+    @once_differentiable  # the backward is compiled: a second derivative would be silently wrong
+    def backward(ctx, da):
+        (u,) = ctx.saved_tensors
+        da = da.contiguous()  # held here: a temporary's pointer would dangle by the time of the call
+        du = torch.empty_like(u)
+        rows, width = _rows_and_width(u)
+        library().xlstm_zoo_silu_gate_backward_f32(u.data_ptr(), da.data_ptr(), du.data_ptr(), rows, width,
+                                                  torch.get_num_threads())
+        return du
+
+
+def _compiled(u: torch.Tensor) -> bool:
+    return (u.dtype == torch.float32 and u.device.type == "cpu" and u.shape[-1] % 2 == 0 and u.numel() > 0
+            and not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+            and not torch.jit.is_tracing() and not os.environ.get(ENV_FORCE) and unavailable_reason() is None)
+
+
+def silu_gate(u: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``u = [gate, up]`` along the last axis: ``[..., 2F] -> [..., F]``."""
+    if u.shape[-1] % 2:
+        raise ValueError(f"silu_gate: the last axis holds [gate, up] and must be even, got {tuple(u.shape)}")
+    if not _compiled(u):
+        gate, up = u.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if torch.is_grad_enabled() and u.requires_grad:
+        return _SiluGate.apply(u)
+    return _forward(u.contiguous())
