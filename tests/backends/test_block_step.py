@@ -141,3 +141,21 @@ def test_a_bad_state_is_named():
     C, n, m = block.init_state(2)
     with torch.no_grad(), pytest.raises(ValueError, match=r"mlstm7b_block_step: n is torch.float32 \(2, 3\).*expected"):
         block.step(x, MLSTMState(C, torch.zeros(2, 3), m))
+
+
+def test_one_thread_and_two_give_the_same_bits():
+    # Each output panel and each (batch, head) row is one thread's work: the split changes no sum.
+    m = model("stack.blocks.m.mlp.proj_factor=12")  # wide enough to split over threads
+    block = m.stack.blocks[0]
+    state = prefilled_state(m, 5)[0]
+    x = torch.randn(5, DIM, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            torch.set_num_threads(1)
+            one = block.step(x, state)
+            torch.set_num_threads(2)
+            two = block.step(x, state)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and all(torch.equal(a, b) for a, b in zip(one[1], two[1]))
