@@ -15,7 +15,7 @@ from xlstm_zoo.backends.fused.time_major import (from_time_major, recurrent_weig
                                                  to_time_major)
 from xlstm_zoo.backends.states import LSTMState
 
-__all__ = ["lstm_sequence"]
+__all__ = ["lstm_sequence", "lstm_time_major"]
 
 
 class _CppLSTMFunction(torch.autograd.Function):
@@ -53,3 +53,40 @@ class _CppLSTMFunction(torch.autograd.Function):
 def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
     """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
     return run_sequence(wx, R, state, function=_CppLSTMFunction)
+
+
+class _CppLSTMTimeMajor(torch.autograd.Function):
+    """The same loops on time-major tensors as they are: ``W [T,H,B,4Dh]`` in, ``H [T,H,B,Dh]`` out, no
+    layout copies on either side (for a caller that computes ``W`` time-major in the first place)."""
+
+    @staticmethod
+    def forward(ctx, W, R, c0, h0):
+        forward = loop_function("lstm_forward", W)
+        T, H, B, four_dh = W.shape
+        W, R, c0, h0 = (t.contiguous() for t in (W, R, c0, h0))
+        G = torch.empty_like(W)
+        Cs, Hs = (torch.empty(T + 1, H, B, four_dh // 4, dtype=W.dtype) for _ in range(2))
+        forward(W.data_ptr(), R.data_ptr(), c0.data_ptr(), h0.data_ptr(), G.data_ptr(), Cs.data_ptr(),
+                Hs.data_ptr(), T, H, B, four_dh // 4, torch.get_num_threads())
+        ctx.save_for_backward(G, R, Cs, Hs)
+        return Hs[1:], Cs[T].clone(), Hs[T].clone()
+
+    @staticmethod
+    def backward(ctx, dH, dc_T, dh_T):
+        G, R, Cs, Hs = ctx.saved_tensors
+        backward = loop_function("lstm_backward", G)
+        T, H, B, four_dh = G.shape
+        Rt = R.transpose(1, 2).contiguous()
+        # Held here: a temporary's pointer would dangle by the time of the call.
+        dH, dc_T, dh_T = (None if d is None else d.to(G.dtype).contiguous() for d in (dH, dc_T, dh_T))
+        dG = torch.empty_like(G)
+        dc0, dh0 = (torch.empty(H, B, four_dh // 4, dtype=G.dtype) for _ in range(2))
+        backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), pointer(dH), pointer(dc_T), pointer(dh_T),
+                 dG.data_ptr(), dc0.data_ptr(), dh0.data_ptr(), T, H, B, four_dh // 4, torch.get_num_threads())
+        return dG, recurrent_weight_grad(Hs[:-1], dG), dc0, dh0
+
+
+def lstm_time_major(W: torch.Tensor, R: torch.Tensor, c0: torch.Tensor, h0: torch.Tensor):
+    """``W [T,H,B,4Dh]`` (W x + b, gates i, f, z, o), ``R [H,Dh,4Dh]``, ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``,
+    ``c_T, h_T [H,B,Dh]``; float32/float64 CPU tensors, with autograd."""
+    return _CppLSTMTimeMajor.apply(W, R, c0, h0)

@@ -1,0 +1,65 @@
+"""A one-head float32 LSTM cell with a few rows (``LOOP_MAX_BATCH``) of at least ``LOOP_MIN_DIM`` units runs
+the C++ loops on a time-major input projection: same outputs, state and gradients as torch's LSTM path
+(which tests/zoo/test_lstm_cell_fused.py checks against the reference loop), and only where the rule says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xlstm_zoo.backends.cpp import build
+from xlstm_zoo.backends.dispatch import ENV_FORCE
+from xlstm_zoo.cells.lstm import LOOP_MAX_BATCH, LOOP_MIN_DIM, LSTMCell, LSTMCellConfig
+from xlstm_zoo.config import BuildContext
+from xlstm_zoo.tolerances import assert_close
+
+pytestmark = pytest.mark.skipif(build.unavailable_reason() is not None, reason="needs the C++ kernels built")
+
+DIM = LOOP_MIN_DIM
+
+
+def cell(dim=DIM, **config):
+    torch.manual_seed(0)
+    return LSTMCell(LSTMCellConfig(**config), BuildContext(dim=dim))
+
+
+def leaves(c, x, state):
+    return [x, *c.parameters(), *(state or ())]
+
+
+@pytest.mark.parametrize("batch", [1, LOOP_MAX_BATCH])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_the_loop_path_equals_torchs_lstm_with_gradients(batch, with_state):
+    c = cell()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 37, DIM, generator=g).requires_grad_()
+    state = None
+    if with_state:
+        state = type(c.init_state(batch))(*(torch.randn(batch, 1, DIM, generator=g).requires_grad_() for _ in range(2)))
+    assert c._loop_eligible(x, None)
+    y, s = c(x, state)
+    y_ref, s_ref = c._aten_sequence(x, state, None)
+    assert_close(y, y_ref, kind="kernel", what="h", dtype=torch.float32)
+    for a, b in zip(s, s_ref):
+        assert a.shape == b.shape == (batch, 1, DIM)
+        assert_close(a, b, kind="kernel", what="final state", dtype=torch.float32)
+    dy = torch.randn(y.shape, generator=g)
+    loss = (y * dy).sum() + s.c.sum() + 2 * s.h.sum()
+    loss_ref = (y_ref * dy).sum() + s_ref.c.sum() + 2 * s_ref.h.sum()
+    grads = torch.autograd.grad(loss, leaves(c, x, state))
+    grads_ref = torch.autograd.grad(loss_ref, leaves(c, x, state))
+    for a, b in zip(grads, grads_ref):
+        assert_close(a, b, kind="kernel", what="gradient", dtype=torch.float32)
+
+
+def test_the_rule_sends_the_rest_to_torchs_lstm_or_the_op(monkeypatch):
+    x = torch.randn(LOOP_MAX_BATCH, 5, DIM)
+    assert cell()._loop_eligible(x, None)
+    assert not cell()._loop_eligible(torch.randn(LOOP_MAX_BATCH + 1, 5, DIM), None)   # many rows
+    assert not cell(dim=DIM // 2)._loop_eligible(torch.randn(2, 5, DIM // 2), None)  # narrow
+    assert not cell()._loop_eligible(x.double(), None)                                # not float32
+    assert not cell()._loop_eligible(x, torch.randn_like(x))                          # a value stream
+    assert not cell(recurrent="blockdiag", num_heads=2)._loop_eligible(x, None)       # heads
+    assert not cell(backend="reference")._loop_eligible(x, None)                      # forced
+    monkeypatch.setenv(ENV_FORCE, "fused")
+    assert not cell()._loop_eligible(x, None)
