@@ -83,10 +83,8 @@ void gated_activation(const float* u, float* a, int64_t rows, int64_t hidden, bo
         float* out = a + r * hidden;
         if (gelu)
             for (int64_t j = 0; j < hidden; ++j) out[j] = 0.5f * g[j] * (1.0f + std::erf(g[j] * float(M_SQRT1_2))) * up[j];
-        else {
-            XLSTM_ZOO_SIMD
-            for (int64_t j = 0; j < hidden; ++j) out[j] = g[j] * sigmoid(g[j]) * up[j];
-        }
+        else
+            silu_gate_row(g, up, out, hidden);
     }
 }
 

@@ -2,7 +2,7 @@
 
 A block step run eagerly is ~100 small PyTorch ops (norms, seven projections, gate maths, the mLSTM
 update, the per-head norm, the gated MLP); at generation sizes their dispatch costs more than their
-arithmetic. :class:`~xlstm_zoo.blocks.mlstm_7b.MLSTM7BBlock` calls :func:`mlstm7b_block_step` when its
+arithmetic. :class:`~xlstm_zoo.blocks.mlstm_7b.MLSTM7BBlock` calls its :class:`BlockStepKernel` when its
 parts are the ones this kernel computes and the call is a plain float32 CPU step without gradients; the
 result equals its eager step to float32 rounding (tests/backends/test_block_step.py).
 """
@@ -17,7 +17,7 @@ import torch
 from xlstm_zoo.backends.cpp.build import library
 from xlstm_zoo.backends.states import MLSTMState
 
-__all__ = ["BlockStepKernel", "BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step"]
+__all__ = ["BlockStepKernel", "BlockStepSizes", "BlockStepWeights"]
 
 
 class BlockStepWeights(NamedTuple):
@@ -146,8 +146,3 @@ class BlockStepKernel:
                 raise ValueError(f"mlstm7b_block_step: {required} (the gate's bias) is required")
         return held
 
-
-def mlstm7b_block_step(x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights,
-                       sizes: BlockStepSizes) -> tuple[torch.Tensor, MLSTMState]:
-    """One token through the block, checking everything (a block keeps a :class:`BlockStepKernel`)."""
-    return BlockStepKernel(sizes)(x, state, weights)

@@ -23,6 +23,10 @@ import threading
 import warnings
 from pathlib import Path
 
+import torch
+
+from xlstm_zoo.backends.dispatch import ENV_FORCE
+
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp", HERE / "mlstm_step.cpp",
            HERE / "linear_step.cpp", HERE / "block_step.cpp", HERE / "gated_activation.cpp")
@@ -214,6 +218,15 @@ def loop_function(name: str, x) -> ctypes._CFuncPtr:
 def pointer(x) -> int | None:
     """A tensor's data pointer for the loops, or None (a null pointer: the loops read it as zeros)."""
     return None if x is None else x.data_ptr()
+
+
+def direct_call_allowed() -> bool:
+    """Whether a fast path outside the dispatcher (a layer's, block's or cell's) may call the compiled
+    kernels now: nothing is compiling, exporting or tracing (the tensors there have no data), no backend is
+    forced (``XLSTM_ZOO_BACKEND`` sends the ops to that backend, and these paths step aside too) and the
+    library is built."""
+    return (not torch.compiler.is_compiling() and not torch.compiler.is_exporting() and not torch.jit.is_tracing()
+            and not os.environ.get(ENV_FORCE) and unavailable_reason() is None)
 
 
 def unavailable_reason() -> str | None:

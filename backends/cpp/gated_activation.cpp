@@ -25,12 +25,7 @@ void over_rows(int64_t rows, int64_t F, int64_t threads, const Body& body) {
 }  // namespace
 
 extern "C" void xlstm_zoo_silu_gate_forward_f32(const float* u, float* a, int64_t rows, int64_t F, int64_t threads) {
-    over_rows(rows, F, threads, [&](int64_t r) {
-        const float *__restrict g = u + r * 2 * F, *__restrict up = g + F;
-        float* __restrict out = a + r * F;
-        XLSTM_ZOO_SIMD
-        for (int64_t j = 0; j < F; ++j) out[j] = g[j] * sigmoid(g[j]) * up[j];
-    });
+    over_rows(rows, F, threads, [&](int64_t r) { silu_gate_row(u + r * 2 * F, u + r * 2 * F + F, a + r * F, F); });
 }
 
 // du[:, :F] = da * up * silu'(g), du[:, F:] = da * silu(g); silu'(g) = s (1 + g (1 - s)), s = sigmoid(g).

@@ -8,14 +8,11 @@ the two halves' gradients; at a training step's sizes each pass is bound by memo
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import library, unavailable_reason
-from xlstm_zoo.backends.dispatch import ENV_FORCE
+from xlstm_zoo.backends.cpp.build import direct_call_allowed, library
 
 __all__ = ["silu_gate"]
 
@@ -52,8 +49,7 @@ class _SiluGate(torch.autograd.Function):
 
 def _compiled(u: torch.Tensor) -> bool:
     return (u.dtype == torch.float32 and u.device.type == "cpu" and u.shape[-1] % 2 == 0 and u.numel() > 0
-            and not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-            and not torch.jit.is_tracing() and not os.environ.get(ENV_FORCE) and unavailable_reason() is None)
+            and direct_call_allowed())
 
 
 def silu_gate(u: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-// Shared by the C++ recurrent loops (slstm_loop.cpp, lstm_loop.cpp): vectorisable gate maths and the
-// split of independent (head, batch) rows over threads.
+// Shared by the C++ kernels (the recurrent loops, the step kernels, the gated MLP's activation): vectorisable
+// gate maths and the split of independent rows over threads.
 #pragma once
 
 #include <algorithm>
@@ -58,6 +58,13 @@ inline T sigmoid(T x) { return T(1) / (T(1) + vexp(-x)); }
 
 template <typename T, bool exponential>
 inline T log_gate(T pre) { return exponential ? pre : log_sigmoid(pre); }
+
+// One row of the gated MLP's SiLU gate, out = silu(g) * up: gated_activation.cpp's forward and the 7B block
+// step (block_step.cpp) both, so that the two agree to the bit.
+inline void silu_gate_row(const float* __restrict g, const float* __restrict up, float* __restrict out, int64_t F) {
+    XLSTM_ZOO_SIMD
+    for (int64_t j = 0; j < F; ++j) out[j] = g[j] * sigmoid(g[j]) * up[j];
+}
 
 template <typename T>
 inline T nan_max(T a, T b) {  // torch.maximum: NaN wins (written without calls, so it vectorises)

@@ -18,36 +18,50 @@ from xlstm_zoo.backends.states import LSTMState
 __all__ = ["lstm_sequence", "lstm_time_major"]
 
 
+def _forward_loops(W, R, c0, h0):
+    """The forward loop on time-major ``W [T,H,B,4Dh]`` and states ``[H,B,Dh]``: the pre-activations ``G``
+    and every cell and hidden state ``Cs, Hs [T+1,H,B,Dh]`` (index 0: the initial state)."""
+    forward = loop_function("lstm_forward", W)
+    T, H, B, four_dh = W.shape
+    # Held here: a temporary's pointer would dangle by the time of the call.
+    W, R, c0, h0 = (t.contiguous() for t in (W, R, c0, h0))
+    G = torch.empty_like(W)
+    Cs, Hs = (torch.empty(T + 1, H, B, four_dh // 4, dtype=W.dtype) for _ in range(2))
+    forward(W.data_ptr(), R.data_ptr(), c0.data_ptr(), h0.data_ptr(), G.data_ptr(), Cs.data_ptr(),
+            Hs.data_ptr(), T, H, B, four_dh // 4, torch.get_num_threads())
+    return G, R, Cs, Hs
+
+
+def _backward_loops(G, R, Cs, Hs, dH, dc_T, dh_T):
+    """The backward loop, time-major like :func:`_forward_loops` (``dH [T,H,B,Dh]``, ``dc_T, dh_T [H,B,Dh]``,
+    each may be None): ``dW, dR, dc0, dh0``."""
+    backward = loop_function("lstm_backward", G)
+    T, H, B, four_dh = G.shape
+    Rt = R.transpose(1, 2).contiguous()
+    dH, dc_T, dh_T = (None if d is None else d.to(G.dtype).contiguous() for d in (dH, dc_T, dh_T))
+    dG = torch.empty_like(G)
+    dc0, dh0 = (torch.empty(H, B, four_dh // 4, dtype=G.dtype) for _ in range(2))
+    backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), pointer(dH), pointer(dc_T), pointer(dh_T),
+             dG.data_ptr(), dc0.data_ptr(), dh0.data_ptr(), T, H, B, four_dh // 4, torch.get_num_threads())
+    return dG, recurrent_weight_grad(Hs[:-1], dG), dc0, dh0
+
+
 class _CppLSTMFunction(torch.autograd.Function):
+    """The op's layout: ``wx [B,H,T,4Dh]``, states ``[B,H,Dh]``, copied to and from the loops' time-major one."""
+
     @staticmethod
     def forward(ctx, wx, R, c0, h0):
-        forward = loop_function("lstm_forward", wx)
-        W = to_time_major(wx, wx.dtype)
-        T, H, B, four_dh = W.shape
-        Dh = four_dh // 4
-        R = R.contiguous()
-        c0, h0 = (state_in(s).contiguous() for s in (c0, h0))
-        G = torch.empty_like(W)
-        Cs, Hs = (torch.empty(T + 1, H, B, Dh, dtype=W.dtype) for _ in range(2))
-        forward(W.data_ptr(), R.data_ptr(), c0.data_ptr(), h0.data_ptr(), G.data_ptr(), Cs.data_ptr(),
-                Hs.data_ptr(), T, H, B, Dh, torch.get_num_threads())
+        G, R, Cs, Hs = _forward_loops(to_time_major(wx, wx.dtype), R, state_in(c0), state_in(h0))
         ctx.save_for_backward(G, R, Cs, Hs)
+        T = G.shape[0]
         return from_time_major(Hs[1:]).contiguous(), state_out(Cs[T]), state_out(Hs[T])
 
     @staticmethod
     def backward(ctx, dh_all, dc_T, dh_T):
-        G, R, Cs, Hs = ctx.saved_tensors
-        backward = loop_function("lstm_backward", G)
-        T, H, B, four_dh = G.shape
-        Dh = four_dh // 4
-        Rt = R.transpose(1, 2).contiguous()
-        dH = to_time_major(dh_all, G.dtype) if dh_all is not None else None
-        dc_T, dh_T = (state_in(d).to(G.dtype).contiguous() if d is not None else None for d in (dc_T, dh_T))
-        dG = torch.empty_like(G)
-        dc0, dh0 = (torch.empty(H, B, Dh, dtype=G.dtype) for _ in range(2))
-        backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), pointer(dH), pointer(dc_T), pointer(dh_T),
-                 dG.data_ptr(), dc0.data_ptr(), dh0.data_ptr(), T, H, B, Dh, torch.get_num_threads())
-        return from_time_major(dG), recurrent_weight_grad(Hs[:-1], dG), state_out(dc0), state_out(dh0)
+        dh_all = to_time_major(dh_all, dh_all.dtype) if dh_all is not None else None
+        dc_T, dh_T = (state_in(d) if d is not None else None for d in (dc_T, dh_T))
+        dG, dR, dc0, dh0 = _backward_loops(*ctx.saved_tensors, dh_all, dc_T, dh_T)
+        return from_time_major(dG), dR, state_out(dc0), state_out(dh0)
 
 
 def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
@@ -61,29 +75,14 @@ class _CppLSTMTimeMajor(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, W, R, c0, h0):
-        forward = loop_function("lstm_forward", W)
-        T, H, B, four_dh = W.shape
-        W, R, c0, h0 = (t.contiguous() for t in (W, R, c0, h0))
-        G = torch.empty_like(W)
-        Cs, Hs = (torch.empty(T + 1, H, B, four_dh // 4, dtype=W.dtype) for _ in range(2))
-        forward(W.data_ptr(), R.data_ptr(), c0.data_ptr(), h0.data_ptr(), G.data_ptr(), Cs.data_ptr(),
-                Hs.data_ptr(), T, H, B, four_dh // 4, torch.get_num_threads())
+        G, R, Cs, Hs = _forward_loops(W, R, c0, h0)
         ctx.save_for_backward(G, R, Cs, Hs)
+        T = G.shape[0]
         return Hs[1:], Cs[T].clone(), Hs[T].clone()
 
     @staticmethod
     def backward(ctx, dH, dc_T, dh_T):
-        G, R, Cs, Hs = ctx.saved_tensors
-        backward = loop_function("lstm_backward", G)
-        T, H, B, four_dh = G.shape
-        Rt = R.transpose(1, 2).contiguous()
-        # Held here: a temporary's pointer would dangle by the time of the call.
-        dH, dc_T, dh_T = (None if d is None else d.to(G.dtype).contiguous() for d in (dH, dc_T, dh_T))
-        dG = torch.empty_like(G)
-        dc0, dh0 = (torch.empty(H, B, four_dh // 4, dtype=G.dtype) for _ in range(2))
-        backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), pointer(dH), pointer(dc_T), pointer(dh_T),
-                 dG.data_ptr(), dc0.data_ptr(), dh0.data_ptr(), T, H, B, four_dh // 4, torch.get_num_threads())
-        return dG, recurrent_weight_grad(Hs[:-1], dG), dc0, dh0
+        return _backward_loops(*ctx.saved_tensors, dH, dc_T, dh_T)
 
 
 def lstm_time_major(W: torch.Tensor, R: torch.Tensor, c0: torch.Tensor, h0: torch.Tensor):

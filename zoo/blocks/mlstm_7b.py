@@ -11,7 +11,6 @@ Anything else, and every sequence, runs the modules below.
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import torch
@@ -20,8 +19,7 @@ from pydantic import Field
 from torch import nn
 
 from xlstm_zoo.backends.cpp.block_step import BlockStepKernel, BlockStepSizes, BlockStepWeights
-from xlstm_zoo.backends.cpp.build import unavailable_reason
-from xlstm_zoo.backends.dispatch import ENV_FORCE
+from xlstm_zoo.backends.cpp.build import direct_call_allowed
 from xlstm_zoo.blocks.base import Block, build_cell
 from xlstm_zoo.cells.mlstm import MLSTMCell, MLSTMCellConfig
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
@@ -80,15 +78,14 @@ class MLSTM7BBlock(Block):
 
     def _compiled_step(self, x_t, state) -> BlockStepKernel | None:
         """The compiled step when it serves this call (see the module docstring), else None."""
-        if (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
-                or type(x_t) is not torch.Tensor or x_t.dim() != 2 or x_t.device.type != "cpu"
-                or x_t.dtype != torch.float32 or self.out_proj.weight.dtype != torch.float32 or os.environ.get(ENV_FORCE)
+        if (not direct_call_allowed() or type(x_t) is not torch.Tensor or x_t.dim() != 2
+                or x_t.device.type != "cpu" or x_t.dtype != torch.float32 or self.out_proj.weight.dtype != torch.float32
                 or (torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.parameters())))):
             return None
         if not hasattr(self, "_step_kernel"):  # the block's parts are checked at its first step
             sizes = _compiled_step_sizes(self)
             self._step_kernel = BlockStepKernel(sizes) if sizes is not None else None
-        if self._step_kernel is None or unavailable_reason() is not None:
+        if self._step_kernel is None:
             return None
         return self._step_kernel if state is None or state.C.dtype == torch.float32 else None  # an mLSTM state
 

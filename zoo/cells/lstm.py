@@ -9,7 +9,7 @@ import torch
 from pydantic import Field, model_validator
 
 from xlstm_zoo import backends as ops
-from xlstm_zoo.backends.cpp.build import unavailable_reason
+from xlstm_zoo.backends.cpp.build import direct_call_allowed
 from xlstm_zoo.backends.cpp.lstm import lstm_time_major
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
@@ -111,16 +111,13 @@ class LSTMCell(Cell):
         return (self.num_heads == 1 and self.out_dim >= LOOP_MIN_DIM and value_input is None and x.dim() == 3
                 and x.shape[0] <= LOOP_MAX_BATCH
                 and x.dtype == torch.float32 and x.device.type == "cpu" and self.R.dtype == torch.float32
-                and self.config.backend is None and not os.environ.get(ENV_FORCE)
-                and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-                and not torch.compiler.is_exporting() and not torch.jit.is_tracing() and unavailable_reason() is None)
+                and self.config.backend is None and not torch.is_autocast_enabled("cpu") and direct_call_allowed())
 
     def _loop_sequence(self, x, state):
         """The input projection of all tokens as one GEMM written time-major, then the C++ loops on it as it
         is: no layout copy of the [T, B, 4 dim] pre-activations either way (the op's path makes two)."""
         B, T, D = x.shape
-        weight = torch.cat([self.if_proj.weight, self.zo_proj.weight])  # rows: gates i, f, z, o
-        bias = torch.cat([self.if_proj.bias, self.zo_proj.bias])
+        weight, _, bias = self._aten_weights(None)  # rows: gates i, f, z, o
         wx = torch.addmm(bias, x.transpose(0, 1).reshape(T * B, D), weight.t()).view(T, 1, B, 4 * D)
         if state is None:
             state = self.init_state(B, x.device)
