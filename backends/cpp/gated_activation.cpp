@@ -5,40 +5,27 @@
 
 #include "loops.h"
 
-namespace {
-
 using namespace xlstm_zoo;
 
-constexpr int64_t kRowsPerClaim = 16;
-
-template <typename Body>
-void over_rows(int64_t rows, int64_t F, int64_t threads, const Body& body) {
-    const int64_t blocks = (rows + kRowsPerClaim - 1) / kRowsPerClaim;
-    if (rows * F < (int64_t(1) << 16)) threads = 1;
-    parallel_rows(blocks, threads, [&]() {
-        return [&](int64_t block) {
-            for (int64_t r = block * kRowsPerClaim; r < std::min(rows, (block + 1) * kRowsPerClaim); ++r) body(r);
-        };
-    });
-}
-
-}  // namespace
-
 extern "C" void xlstm_zoo_silu_gate_forward_f32(const float* u, float* a, int64_t rows, int64_t F, int64_t threads) {
-    over_rows(rows, F, threads, [&](int64_t r) { silu_gate_row(u + r * 2 * F, u + r * 2 * F + F, a + r * F, F); });
+    over_row_blocks(rows, F, threads, [&](int64_t first, int64_t end, int64_t) {
+        for (int64_t r = first; r < end; ++r) silu_gate_row(u + r * 2 * F, u + r * 2 * F + F, a + r * F, F);
+    });
 }
 
 // du[:, :F] = da * up * silu'(g), du[:, F:] = da * silu(g); silu'(g) = s (1 + g (1 - s)), s = sigmoid(g).
 extern "C" void xlstm_zoo_silu_gate_backward_f32(const float* u, const float* da, float* du, int64_t rows, int64_t F,
                                                  int64_t threads) {
-    over_rows(rows, F, threads, [&](int64_t r) {
-        const float *__restrict g = u + r * 2 * F, *__restrict up = g + F, *__restrict d = da + r * F;
-        float *__restrict dg = du + r * 2 * F, *__restrict dup = dg + F;
-        XLSTM_ZOO_SIMD
-        for (int64_t j = 0; j < F; ++j) {
-            const float s = sigmoid(g[j]);
-            dg[j] = d[j] * up[j] * (s * (1.0f + g[j] * (1.0f - s)));
-            dup[j] = d[j] * g[j] * s;
+    over_row_blocks(rows, F, threads, [&](int64_t first, int64_t end, int64_t) {
+        for (int64_t r = first; r < end; ++r) {
+            const float *__restrict g = u + r * 2 * F, *__restrict up = g + F, *__restrict d = da + r * F;
+            float *__restrict dg = du + r * 2 * F, *__restrict dup = dg + F;
+            XLSTM_ZOO_SIMD
+            for (int64_t j = 0; j < F; ++j) {
+                const float s = sigmoid(g[j]);
+                dg[j] = d[j] * up[j] * (s * (1.0f + g[j] * (1.0f - s)));
+                dup[j] = d[j] * g[j] * s;
+            }
         }
     });
 }

@@ -133,6 +133,25 @@ void parallel_rows(int64_t rows, int64_t threads, const MakeWorker& make_worker)
 #endif
 }
 
+// The per-row kernels (the SiLU gate, RMSNorm, the soft cap): rows in fixed blocks of kRowsPerBlock,
+// claimed by threads, body(first, end, block) for each; calls under kMinElementsForThreads stay on one
+// thread. A block's rows are the same whichever thread runs it, so a kernel that keeps one partial sum
+// per block (RMSNorm's weight gradient) adds them up in the same order every time.
+constexpr int64_t kRowsPerBlock = 16;
+constexpr int64_t kMinElementsForThreads = int64_t(1) << 16;
+
+inline int64_t row_blocks(int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
+
+template <typename Body>
+void over_row_blocks(int64_t rows, int64_t width, int64_t threads, const Body& body) {
+    if (rows * width < kMinElementsForThreads) threads = 1;
+    parallel_rows(row_blocks(rows), threads, [&]() {
+        return [&](int64_t block) {
+            body(block * kRowsPerBlock, std::min(rows, (block + 1) * kRowsPerBlock), block);
+        };
+    });
+}
+
 // The recurrent loops: (head, batch) rows are independent recurrences; small calls stay on one thread.
 template <typename P>
 void run(const P& p, void (*rows_fn)(const P&, int64_t, int64_t), int64_t threads) {
