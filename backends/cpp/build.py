@@ -1,6 +1,6 @@
 """Build the C++ kernels (the sLSTM and LSTM loops and the mLSTM chunk steps, forward and backward; the
 mLSTM step, a step's linear maps and the xLSTM-7B block's whole step for generation; the SiLU gate,
-RMSNorm and the soft cap, one pass each way) once per machine and load them with ctypes.
+RMSNorm, the soft cap and the 7B cell's per-head norm times its output gate, one pass each way) once per machine and load them with ctypes.
 
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
@@ -31,7 +31,7 @@ from xlstm_zoo.backends.dispatch import ENV_FORCE
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp", HERE / "mlstm_step.cpp",
            HERE / "linear_step.cpp", HERE / "block_step.cpp", HERE / "gated_activation.cpp", HERE / "rms_norm.cpp",
-           HERE / "soft_cap.cpp")
+           HERE / "soft_cap.cpp", HERE / "head_norm_gate.cpp")
 HEADERS = (HERE / "loops.h", HERE / "block_gemm.h", HERE / "linear_rows.h", HERE / "mlstm_step.h")
 LIBRARY = "libxlstm_zoo_loops.so"
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
@@ -161,7 +161,9 @@ def _load(path: Path) -> ctypes.CDLL:
                            "rms_norm_forward_f32": [ptr] * 5 + [i64] * 2 + [f32, i64],
                            "rms_norm_backward_f32": [ptr] * 7 + [i64] * 3,
                            "soft_cap_forward_f32": [ptr] * 2 + [i64] * 2 + [f32, i64],
-                           "soft_cap_backward_f32": [ptr] * 3 + [i64] * 2 + [f32, i64]}.items():
+                           "soft_cap_backward_f32": [ptr] * 3 + [i64] * 2 + [f32, i64],
+                           "head_norm_gate_forward_f32": [ptr] * 7 + [i64] * 4 + [f32, i64],
+                           "head_norm_gate_backward_f32": [ptr] * 11 + [i64] * 5}.items():
         fn = getattr(lib, f"xlstm_zoo_{name}")
         fn.argtypes, fn.restype = argtypes, None
     return lib

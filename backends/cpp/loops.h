@@ -31,11 +31,11 @@ double log1p(double);
 double tanh(double);
 }
 #define XLSTM_ZOO_SIMD _Pragma("omp simd")
-#define XLSTM_ZOO_SIMD_REDUCE(clause) _Pragma(XLSTM_ZOO_STR(omp simd reduction(clause)))
-#define XLSTM_ZOO_STR(x) #x
+#define XLSTM_ZOO_SIMD_REDUCE(...) _Pragma(XLSTM_ZOO_STR(omp simd reduction(__VA_ARGS__)))
+#define XLSTM_ZOO_STR(...) #__VA_ARGS__
 #else
 #define XLSTM_ZOO_SIMD
-#define XLSTM_ZOO_SIMD_REDUCE(clause)
+#define XLSTM_ZOO_SIMD_REDUCE(...)
 #endif
 
 namespace xlstm_zoo {

@@ -8,11 +8,12 @@ import torch
 from pydantic import Field
 
 from xlstm_zoo import backends as ops
+from xlstm_zoo.backends.cpp.head_norm_gate import fused_head_norm_gate_applies, head_norm_gate
 from xlstm_zoo.cells.base import Cell, gate_heads, merge_heads, split_heads
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.gates import default_forget_gate, default_input_gate
 from xlstm_zoo.layers import linear, projection
-from xlstm_zoo.norms import NoNormConfig
+from xlstm_zoo.norms import MultiHeadLayerNorm, NoNormConfig
 from xlstm_zoo.registry import component
 
 
@@ -73,8 +74,15 @@ class MLSTMCell(Cell):
         return split_heads(q, H), split_heads(k, H), split_heads(v, H), i, f
 
     def _output(self, h, x):
-        h = self.norm(merge_heads(h))
-        return h * torch.sigmoid(self.o(x)) if self.o is not None else h
+        if self.o is None:
+            return self.norm(merge_heads(h))
+        o = self.o(x)
+        # The 7B layout's per-head LayerNorm times the output gate: one compiled pass each way on float32
+        # CPU sequences (backends/cpp/head_norm_gate.py), reading h head-major as the mLSTM leaves it.
+        norm = self.norm
+        if type(norm) is MultiHeadLayerNorm and fused_head_norm_gate_applies(h, o, norm.weight, norm.bias):
+            return head_norm_gate(h, o, norm.weight, norm.bias, norm.eps)
+        return norm(merge_heads(h)) * torch.sigmoid(o)
 
     def forward(self, x, state=None, *, value_input=None):
         c = self.config

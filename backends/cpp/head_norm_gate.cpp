@@ -1,0 +1,111 @@
+// The 7B-layout mLSTM cell's output, y = (LayerNorm per head of h) * w (+ b) * sigmoid(o), forward and
+// backward in one pass each. h arrives head-major from the mLSTM ([B, H, T, D]) and y leaves token-major
+// ([B, T, H*D]), so the pass also does the layout change. Eagerly that is a copy, layer_norm, the scale,
+// sigmoid and the product forward and about twice as many passes backward, each bound by memory bandwidth.
+//
+// Rows are tokens (b, t); a row reads its H head vectors of D features from h. mean and rstd (one per
+// token and head, [B*T, H]) are kept for the backward.
+
+#include "loops.h"
+
+using namespace xlstm_zoo;
+
+namespace {
+
+struct Layout {
+    int64_t T, H, D;
+    // the start of head `head` of token `row` = (b, t) in h [B, H, T, D]
+    int64_t head_offset(int64_t row, int64_t head) const {
+        const int64_t b = row / T, t = row % T;
+        return ((b * H + head) * T + t) * D;
+    }
+};
+
+}  // namespace
+
+extern "C" void xlstm_zoo_head_norm_gate_forward_f32(const float* h, const float* o, const float* w, const float* b,
+                                                     float* y, float* mean, float* rstd, int64_t rows, int64_t T,
+                                                     int64_t H, int64_t D, float eps, int64_t threads) {
+    const Layout layout{T, H, D};
+    const int64_t width = H * D;
+    over_row_blocks(rows, width, threads, [&](int64_t first, int64_t end, int64_t) {
+        for (int64_t row = first; row < end; ++row) {
+            for (int64_t head = 0; head < H; ++head) {
+                const float* __restrict hr = h + layout.head_offset(row, head);
+                const float *__restrict orow = o + row * width + head * D, *__restrict wr = w + head * D;
+                float* __restrict yr = y + row * width + head * D;
+                float sum = 0.0f;
+                XLSTM_ZOO_SIMD_REDUCE(+ : sum)
+                for (int64_t j = 0; j < D; ++j) sum += hr[j];
+                const float mu = sum / float(D);
+                float squares = 0.0f;  // of the centred values: the variance as layer_norm's (biased)
+                XLSTM_ZOO_SIMD_REDUCE(+ : squares)
+                for (int64_t j = 0; j < D; ++j) squares += (hr[j] - mu) * (hr[j] - mu);
+                const float r = 1.0f / std::sqrt(squares / float(D) + eps);
+                mean[row * H + head] = mu;
+                rstd[row * H + head] = r;
+                const float* br = b ? b + head * D : nullptr;
+                XLSTM_ZOO_SIMD
+                for (int64_t j = 0; j < D; ++j) {
+                    const float z = (hr[j] - mu) * r * wr[j] + (br ? br[j] : 0.0f);
+                    yr[j] = z * sigmoid(orow[j]);
+                }
+            }
+        }
+    });
+}
+
+// With n = (h - mean) rstd, z = n w + b, s = sigmoid(o): do = dy z s (1 - s); dz = dy s; dw = sum dz n,
+// db = sum dz (per block of rows, then over the blocks in order); dh = rstd (g - mean(g) - n mean(g n))
+// per head with g = dz w.
+extern "C" void xlstm_zoo_head_norm_gate_backward_f32(const float* h, const float* o, const float* w, const float* b,
+                                                      const float* mean, const float* rstd, const float* dy, float* dh,
+                                                      float* d_o, float* dw, float* db, int64_t rows, int64_t T,
+                                                      int64_t H, int64_t D, int64_t threads) {
+    const Layout layout{T, H, D};
+    const int64_t width = H * D, blocks = row_blocks(rows);
+    std::vector<float> dw_blocks(blocks * width, 0.0f), db_blocks(db ? blocks * width : 0, 0.0f);
+    over_row_blocks(rows, width, threads, [&](int64_t first, int64_t end, int64_t block) {
+        std::vector<float> g(D);
+        for (int64_t row = first; row < end; ++row) {
+            for (int64_t head = 0; head < H; ++head) {
+                const int64_t at = layout.head_offset(row, head), col = row * width + head * D;
+                const float *__restrict hr = h + at, *__restrict orow = o + col, *__restrict dyr = dy + col;
+                const float* __restrict wr = w + head * D;
+                float *__restrict dhr = dh + at, *__restrict dor = d_o + col, *__restrict gr = g.data();
+                float* __restrict dw_block = dw_blocks.data() + block * width + head * D;
+                float* db_block = db ? db_blocks.data() + block * width + head * D : nullptr;
+                const float* br = b ? b + head * D : nullptr;
+                const float mu = mean[row * H + head], r = rstd[row * H + head];
+                float g_sum = 0.0f, gn_sum = 0.0f;
+                XLSTM_ZOO_SIMD_REDUCE(+ : g_sum, gn_sum)
+                for (int64_t j = 0; j < D; ++j) {
+                    const float n = (hr[j] - mu) * r, s = sigmoid(orow[j]);
+                    const float z = n * wr[j] + (br ? br[j] : 0.0f), dz = dyr[j] * s;
+                    dor[j] = dyr[j] * z * s * (1.0f - s);
+                    dw_block[j] += dz * n;
+                    gr[j] = dz * wr[j];
+                    g_sum += gr[j];
+                    gn_sum += gr[j] * n;
+                }
+                if (db_block) {
+                    XLSTM_ZOO_SIMD
+                    for (int64_t j = 0; j < D; ++j) db_block[j] += dyr[j] * sigmoid(orow[j]);
+                }
+                const float g_mean = g_sum / float(D), gn_mean = gn_sum / float(D);
+                XLSTM_ZOO_SIMD
+                for (int64_t j = 0; j < D; ++j) dhr[j] = r * (gr[j] - g_mean - (hr[j] - mu) * r * gn_mean);
+            }
+        }
+    });
+    std::fill(dw, dw + width, 0.0f);
+    if (db) std::fill(db, db + width, 0.0f);
+    for (int64_t block = 0; block < blocks; ++block) {
+        XLSTM_ZOO_SIMD
+        for (int64_t j = 0; j < width; ++j) dw[j] += dw_blocks[block * width + j];
+        if (db) {
+            XLSTM_ZOO_SIMD
+            for (int64_t j = 0; j < width; ++j) db[j] += db_blocks[block * width + j];
+        }
+    }
+}
