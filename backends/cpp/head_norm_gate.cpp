@@ -8,6 +8,8 @@
 
 #include "loops.h"
 
+XLSTM_ZOO_WIDE_VECTORS
+
 using namespace xlstm_zoo;
 
 namespace {

@@ -5,6 +5,8 @@
 
 #include "loops.h"
 
+XLSTM_ZOO_WIDE_VECTORS
+
 using namespace xlstm_zoo;
 
 // r (one per row) is kept for the backward.
