@@ -38,13 +38,14 @@ double tanh(double);
 #define XLSTM_ZOO_SIMD_REDUCE(...)
 #endif
 
-// RMSNorm, the soft cap and the head norm and gate start with XLSTM_ZOO_WIDE_VECTORS: GCC tunes several
-// AVX-512 CPUs for 256-bit vectors (this Xeon, which -march=native reads as rocketlake, among them) and then
-// calls libmvec's 8-wide exp and tanh. With 512-bit vectors the soft cap ran 0.96 -> 0.49 ms and the head
-// norm and gate 0.34 -> 0.28 ms at the 7B layout's d=256 sizes, but the mLSTM chunk kernels 6% slower
-// (all files built so), so only these ask. It applies to functions defined after it: a loop inside a
-// lambda handed to a template declared earlier keeps the default width (so the soft cap's loops are
-// out-of-line functions).
+// The SiLU gate, RMSNorm, the soft cap and the head norm and gate start with XLSTM_ZOO_WIDE_VECTORS. GCC
+// tunes several AVX-512 CPUs for 256-bit vectors (this Xeon, which -march=native reads as rocketlake,
+// among them) and then calls libmvec's 8-wide exp and tanh. With 512-bit vectors, at the 7B layout's
+// d=256 sizes, the soft cap ran 0.96 -> 0.49 ms, the SiLU gate 0.50 -> 0.41 ms and the head norm and gate
+// 0.34 -> 0.28 ms; but with every file built so the mLSTM chunk kernels were 6% slower, so only these
+// files ask. It applies to functions defined after it: a loop inside a lambda handed to a template
+// declared earlier keeps the default width (so the soft cap's and the SiLU gate's loops are out-of-line
+// functions).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
 #define XLSTM_ZOO_WIDE_VECTORS _Pragma("GCC target(\"prefer-vector-width=512\")")
 #else
@@ -73,7 +74,8 @@ template <typename T, bool exponential>
 inline T log_gate(T pre) { return exponential ? pre : log_sigmoid(pre); }
 
 // One row of the gated MLP's SiLU gate, out = silu(g) * up: gated_activation.cpp's forward and the 7B block
-// step (block_step.cpp) both, so that the two agree to the bit.
+// step (block_step.cpp) both, so that the two compute the same formula (the first with 512-bit vectors
+// where XLSTM_ZOO_WIDE_VECTORS asks, so the two may round exp differently in the last bit).
 inline void silu_gate_row(const float* __restrict g, const float* __restrict up, float* __restrict out, int64_t F) {
     XLSTM_ZOO_SIMD
     for (int64_t j = 0; j < F; ++j) out[j] = g[j] * sigmoid(g[j]) * up[j];
