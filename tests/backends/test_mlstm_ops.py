@@ -186,6 +186,35 @@ def test_gradients_agree_fp32(gates):
                 close(g, g_ref, f"d/d{name}: {key} vs recurrent, T={T} {gates}", GRAD_RTOL, GRAD_ATOL)
 
 
+def test_chunk_mixing_weights_drop_subnormals_only():
+    from xlstm_zoo.backends.reference.mlstm.chunkwise import _without_subnormals
+    tiny = torch.finfo(torch.float32).tiny
+    w = torch.tensor([1.0, 0.5, tiny, tiny / 2, 1e-45, 0.0])
+    assert torch.equal(_without_subnormals(w), torch.tensor([1.0, 0.5, tiny, 0.0, 0.0, 0.0]))
+
+
+def test_strong_forgetting_chunkwise_agrees_with_recurrent():
+    """Forget gates near 0 between chunks give the chunk mixing subnormal weights (dropped there, see
+    chunkwise._without_subnormals): outputs, final state and gradients still equal the recurrent form."""
+    gates = GateSchemes("exponential", "sigmoid")
+    inp = make_inputs(2, 2, 33, 5, 7, gates, seed=3)
+    inp["f_pre"] = inp["f_pre"] - 6.0  # log f ~ -4 per token: chunks 2-3 apart weigh e^-87..e^-103, subnormal
+    import xlstm_zoo.backends.reference.mlstm.chunkwise as chunkwise
+    dropped = []
+    real = chunkwise._without_subnormals
+    spy = lambda w: dropped.append(int(((w > 0) & (w < torch.finfo(w.dtype).tiny)).sum())) or real(w)  # noqa: E731
+    leaves = require_grad(inp)
+    ref = run(inp, gates, "recurrent")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunkwise, "_without_subnormals", spy)
+        out = run(inp, gates, "chunkwise", 8)
+    assert sum(dropped) > 0  # the case this test is for
+    close_outputs(out, ref, "strong forgetting: chunkwise(8) vs recurrent")
+    for name, g, g_ref in zip(LEAF_NAMES, torch.autograd.grad(weighted_loss(*out), leaves),
+                              torch.autograd.grad(weighted_loss(*ref), leaves)):
+        close(g, g_ref, f"strong forgetting: d/d{name}", GRAD_RTOL, GRAD_ATOL)
+
+
 @pytest.mark.parametrize("gates", GATE_COMBOS, ids=GATE_IDS)
 def test_chunkwise_segments_agree(gates, monkeypatch):
     # Long sequences run in segments of whole chunks (bounded intermediates). Force segments of
