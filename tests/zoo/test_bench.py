@@ -248,6 +248,26 @@ def test_roofline_counts_flops_and_times_a_gemm_beside_the_case():
     assert "(" in runner._cells(row)[-2] and runner._cells(row)[-2].startswith(f"{row.roofline_ours:.2f} / -")
 
 
+def test_our_flops_are_counted_on_the_reference_backend(monkeypatch):
+    """The counter cannot see into the compiled mLSTM chunk core: counted on the reference backend, our
+    FLOPs include its products; the forced backend is set for that call only."""
+    from xlstm_zoo.backends.cpp import build
+    from xlstm_zoo.backends.dispatch import ENV_FORCE
+    if build.unavailable_reason() is not None:
+        pytest.skip("needs the C++ kernels built (otherwise both counts see the same torch ops)")
+    monkeypatch.delenv(ENV_FORCE, raising=False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 16, generator=g) for _ in range(3))
+    i, f = torch.randn(1, 2, 128, generator=g), torch.randn(1, 2, 128, generator=g) + 3
+    from xlstm_zoo.backends import mlstm_sequence
+    fn = lambda: mlstm_sequence(q, k, v, i, f, chunk_size=32)  # noqa: E731
+    compiled, reference = runner.count_flops(fn), runner.count_flops(fn, reference_backend=True)
+    assert reference > compiled and ENV_FORCE not in os.environ
+    monkeypatch.setenv(ENV_FORCE, "fused")
+    runner.count_flops(fn, reference_backend=True)
+    assert os.environ[ENV_FORCE] == "fused"  # a user's own setting comes back
+
+
 def test_large_layout_and_lstm_cases_run_at_tiny_scale():
     cases = {c.name: c for c in bench_cases.make_cases(TINY)}
     picked = [cases[n] for n in ("7b/fwd/d=32", "7b/fwdbwd/d=32", "7b/step/d=32/B=2", "lstm_cell/fwdbwd")]

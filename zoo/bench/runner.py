@@ -14,7 +14,10 @@ The roofline column (cases with ``roofline`` set): each side's FLOPs are counted
 ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, attention: what it counts), and a
 plain fp32 square GEMM of ``roofline`` rows is timed as a third side, interleaved with the other two,
 so its GFLOP/s is this machine's matmul throughput under the same load. roofline = (counted FLOPs /
-median time) / GEMM GFLOP/s: 1.0 means the side runs as fast as one large matmul.
+median time) / GEMM GFLOP/s: 1.0 means the side runs as fast as one large matmul. Our side is counted on
+the reference backend (``XLSTM_ZOO_BACKEND=reference`` for that one call): the counter sees torch ops
+only, so the products inside our compiled kernels (the mLSTM chunk core's) would go uncounted. The
+reference computes the same products as torch matmuls.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from rich.progress import Progress
 from rich.table import Column, Table
 
 from xlstm_zoo import allocator
+from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.bench.cases import BaselineUnavailable, Case, Prepared, Scale
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.grid.runner import progress_columns
@@ -127,10 +131,20 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def count_flops(fn) -> int:
-    """FLOPs of one call of ``fn`` as torch's flop counter counts them."""
-    with FlopCounterMode(display=False) as counter:
-        fn()
+def count_flops(fn, *, reference_backend: bool = False) -> int:
+    """FLOPs of one call of ``fn`` as torch's flop counter counts them; ``reference_backend``: with every
+    op on the pure-PyTorch reference (the counter cannot see into compiled kernels)."""
+    forced = os.environ.get(ENV_FORCE)
+    if reference_backend:
+        os.environ[ENV_FORCE] = "reference"
+    try:
+        with FlopCounterMode(display=False) as counter:
+            fn()
+    finally:
+        if reference_backend and forced is None:
+            del os.environ[ENV_FORCE]
+        elif reference_backend:
+            os.environ[ENV_FORCE] = forced
     return counter.get_total_flops()
 
 
@@ -175,7 +189,7 @@ def run_case(case: Case, *, repeats: int, warmup: int = 1) -> Row:
     sides = [s for s in (ours, base) if s is not None]
     ref_gemm = None
     if case.roofline and sides:
-        row.flops_ours = count_flops(ours.fn) if ours else None
+        row.flops_ours = count_flops(ours.fn, reference_backend=True) if ours else None
         row.flops_baseline = count_flops(base.fn) if base else None
         ref_gemm = gemm(case.roofline)
         ref_gemm.fn()
