@@ -159,3 +159,23 @@ def test_one_thread_and_two_give_the_same_bits():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one[0], two[0]) and all(torch.equal(a, b) for a, b in zip(one[1], two[1]))
+
+
+def test_the_compiled_model_step_runs_the_block_kernel_outside_the_graph(monkeypatch):
+    """Under torch.compile (``compiled_step()``) each block's step is a graph break around its kernel, not a
+    trace of its modules; the result equals the eager step."""
+    m = model()
+    calls = []
+    real = BlockStepKernel.__call__
+    monkeypatch.setattr(BlockStepKernel, "__call__", lambda self, *args: calls.append(1) or real(self, *args))
+    state = prefilled_state(m, 2)
+    token = torch.tensor([3, 7])
+    with torch.no_grad():
+        eager_logits, eager_state = m.step(token, state)
+        calls.clear()
+        compiled_logits, compiled_state = m.compiled_step()(token, state)
+    assert len(calls) == len(m.stack.blocks)  # every block through its kernel, at run time
+    assert_close(compiled_logits, eager_logits, kind="kernel", what="logits", dtype=torch.float32)
+    for got, want in zip(compiled_state, eager_state):
+        for a, e in zip(got, want):
+            assert_close(a, e, kind="kernel", what="state", dtype=torch.float32)

@@ -69,10 +69,10 @@ class MLSTM7BBlock(Block):
         return self._out(x, y), state
 
     def step(self, x_t, state):
-        kernel = self._compiled_step(x_t, state)
-        if kernel is not None:
-            state = state if state is not None else self.init_state(x_t.shape[0], x_t.device)
-            return kernel(x_t, state, self._step_weights())
+        compiling = torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+        out = (_kernel_step_outside_graph if compiling else _kernel_step)(self, x_t, state)
+        if out is not None:
+            return out
         y, state = self.cell.step(self.norm(x_t), state)
         return self._out(x_t, y), state
 
@@ -103,6 +103,21 @@ class MLSTM7BBlock(Block):
             None if f_proj is None else f_proj._parameters["weight"], _tensor(f, "bias"),
             *_weight_bias(head_norm), *_weight_bias(out_proj), *_weight_bias(mlp_norm), *_weight_bias(up),
             *_weight_bias(down))
+
+
+def _kernel_step(block: MLSTM7BBlock, x_t, state):
+    """The block's step through its compiled kernel, or None where that does not serve the call."""
+    kernel = block._compiled_step(x_t, state)
+    if kernel is None:
+        return None
+    state = state if state is not None else block.init_state(x_t.shape[0], x_t.device)
+    return kernel(x_t, state, block._step_weights())
+
+
+# Under torch.compile (the model's compiled_step()) a graph break: the kernel runs as it does eagerly, where
+# tracing the block's modules instead made the compiled step slower than the eager one (d=1024, B=16:
+# 34.1 vs 23.7 ms). Not under export, which cannot break the graph: it traces the modules.
+_kernel_step_outside_graph = torch.compiler.disable(_kernel_step)
 
 
 def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
