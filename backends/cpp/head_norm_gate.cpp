@@ -100,14 +100,6 @@ extern "C" void xlstm_zoo_head_norm_gate_backward_f32(const float* h, const floa
             }
         }
     });
-    std::fill(dw, dw + width, 0.0f);
-    if (db) std::fill(db, db + width, 0.0f);
-    for (int64_t block = 0; block < blocks; ++block) {
-        XLSTM_ZOO_SIMD
-        for (int64_t j = 0; j < width; ++j) dw[j] += dw_blocks[block * width + j];
-        if (db) {
-            XLSTM_ZOO_SIMD
-            for (int64_t j = 0; j < width; ++j) db[j] += db_blocks[block * width + j];
-        }
-    }
+    sum_block_partials(dw_blocks, width, dw);
+    if (db) sum_block_partials(db_blocks, width, db);
 }

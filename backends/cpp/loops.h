@@ -167,6 +167,16 @@ void over_row_blocks(int64_t rows, int64_t width, int64_t threads, const Body& b
     });
 }
 
+// out[j] = the sum over blocks of partials[block * width + j], in block order: a weight's gradient kept
+// per block of rows by over_row_blocks' callers, the same bits on any thread count.
+inline void sum_block_partials(const std::vector<float>& partials, int64_t width, float* out) {
+    std::fill(out, out + width, 0.0f);
+    for (size_t at = 0; at < partials.size(); at += size_t(width)) {
+        XLSTM_ZOO_SIMD
+        for (int64_t j = 0; j < width; ++j) out[j] += partials[at + j];
+    }
+}
+
 // The recurrent loops: (head, batch) rows are independent recurrences; small calls stay on one thread.
 template <typename P>
 void run(const P& p, void (*rows_fn)(const P&, int64_t, int64_t), int64_t threads) {

@@ -63,14 +63,6 @@ extern "C" void xlstm_zoo_rms_norm_backward_f32(const float* x, const float* w, 
             }
         }
     });
-    std::fill(dw, dw + D, 0.0f);
-    if (db) std::fill(db, db + D, 0.0f);
-    for (int64_t block = 0; block < blocks; ++block) {
-        XLSTM_ZOO_SIMD
-        for (int64_t j = 0; j < D; ++j) dw[j] += dw_blocks[block * D + j];
-        if (db) {
-            XLSTM_ZOO_SIMD
-            for (int64_t j = 0; j < D; ++j) db[j] += db_blocks[block * D + j];
-        }
-    }
+    sum_block_partials(dw_blocks, D, dw);
+    if (db) sum_block_partials(db_blocks, D, db);
 }
