@@ -126,9 +126,13 @@ template <typename Body>
 void team(int count, const Body& body) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(count)
-    body(omp_get_thread_num(), omp_get_num_threads());
+    {
+        FlushSubnormals flush;
+        body(omp_get_thread_num(), omp_get_num_threads());
+    }
 #else
     (void)count;
+    FlushSubnormals flush;
     body(0, 1);
 #endif
 }

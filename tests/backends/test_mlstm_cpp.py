@@ -75,6 +75,19 @@ def test_extreme_gates():
     assert_matches_float64(inputs, "extreme gates")
 
 
+def test_strong_forgetting_reaches_subnormals_and_still_matches():
+    """log f ~ -2 per token: a chunk of 64 holds decays down to e^-130, below float32's smallest normal
+    number; the kernels read and write those as 0 (loops.h: FlushSubnormals) and still match float64
+    autograd. The calling thread's floating-point mode is left as it was."""
+    inputs = chunked_inputs(lead=(2, 2), L=64, dk=16, dv=16, seed=8)
+    inputs["log_f"] = inputs["log_f"] - 4.0  # from log sigmoid(N(2, 1)) to about log sigmoid(N(-2, 1))
+    decay_64 = inputs["log_f"].sum(-1)
+    assert (decay_64 < -87.4).any()  # e^-87.4: float32's smallest normal number
+    assert_matches_float64(inputs, "strong forgetting")
+    tiny = torch.tensor([torch.finfo(torch.float32).tiny])
+    assert (tiny / 8).item() > 0  # subnormals still exist on this thread after the kernels ran
+
+
 def test_ties_follow_autograd():
     # log f = 0 and equal log i: every term of a row ties for the maximum (amax shares evenly), and m0
     # equal to log i ties the initial state with them (maximum splits in halves); exact in float32 too.
