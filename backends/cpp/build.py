@@ -228,12 +228,14 @@ def pointer(x) -> int | None:
     return None if x is None else x.data_ptr()
 
 
-def direct_call_allowed() -> bool:
+def direct_call_allowed(*tensors: torch.Tensor | None) -> bool:
     """Whether a fast path outside the dispatcher (a layer's, block's or cell's) may call the compiled
-    kernels now: nothing is compiling, exporting or tracing (the tensors there have no data), no backend is
-    forced (``XLSTM_ZOO_BACKEND`` sends the ops to that backend, and these paths step aside too) and the
-    library is built."""
-    return (not torch.compiler.is_compiling() and not torch.compiler.is_exporting() and not torch.jit.is_tracing()
+    kernels now on ``tensors`` (None entries skipped): each is float32 on the CPU and not empty, nothing is
+    compiling, exporting or tracing (the tensors there have no data), no backend is forced
+    (``XLSTM_ZOO_BACKEND`` sends the ops to that backend, and these paths step aside too) and the library
+    is built."""
+    return (all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.numel() > 0) for t in tensors)
+            and not torch.compiler.is_compiling() and not torch.compiler.is_exporting() and not torch.jit.is_tracing()
             and not os.environ.get(ENV_FORCE) and unavailable_reason() is None)
 
 

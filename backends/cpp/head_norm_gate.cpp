@@ -86,13 +86,10 @@ extern "C" void xlstm_zoo_head_norm_gate_backward_f32(const float* h, const floa
                     const float z = n * wr[j] + (br ? br[j] : 0.0f), dz = dyr[j] * s;
                     dor[j] = dyr[j] * z * s * (1.0f - s);
                     dw_block[j] += dz * n;
+                    if (db_block) db_block[j] += dz;
                     gr[j] = dz * wr[j];
                     g_sum += gr[j];
                     gn_sum += gr[j] * n;
-                }
-                if (db_block) {
-                    XLSTM_ZOO_SIMD
-                    for (int64_t j = 0; j < D; ++j) db_block[j] += dyr[j] * sigmoid(orow[j]);
                 }
                 const float g_mean = g_sum / float(D), gn_mean = gn_sum / float(D);
                 XLSTM_ZOO_SIMD

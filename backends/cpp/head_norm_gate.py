@@ -23,8 +23,7 @@ def fused_head_norm_gate_applies(h: torch.Tensor, o: torch.Tensor, weight: torch
         return False
     B, H, T, D = h.shape
     return (o.shape == (B, T, H * D) and weight.shape == (H * D,) and (bias is None or bias.shape == weight.shape)
-            and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (h, o, weight, *([bias] * (bias is not None))))
-            and direct_call_allowed())
+            and direct_call_allowed(h, o, weight, bias))
 
 
 def _sizes(h: torch.Tensor) -> tuple[int, int, int, int]:

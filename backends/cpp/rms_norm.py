@@ -19,11 +19,8 @@ __all__ = ["fused_rms_norm_applies", "rms_norm"]
 
 def fused_rms_norm_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether :func:`rms_norm` may run on these tensors."""
-    return (type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0
-            and weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 1
-            and x.shape[-1] == weight.shape[0]
-            and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape))
-            and direct_call_allowed())
+    return (type(x) is torch.Tensor and weight.dim() == 1 and x.shape[-1] == weight.shape[0]
+            and (bias is None or bias.shape == weight.shape) and direct_call_allowed(x, weight, bias))
 
 
 def _forward(x, weight, bias, eps) -> tuple[torch.Tensor, torch.Tensor]:

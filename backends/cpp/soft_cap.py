@@ -49,8 +49,7 @@ class _SoftCap(torch.autograd.Function):
 
 def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
     """``cap * tanh(x / cap)``: ``x`` squashed smoothly into ``(-cap, cap)``."""
-    if not (x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0 and type(x) is torch.Tensor
-            and direct_call_allowed()):
+    if not (type(x) is torch.Tensor and direct_call_allowed(x)):
         return cap * torch.tanh(x / cap)
     if torch.is_grad_enabled() and x.requires_grad:
         return _SoftCap.apply(x, float(cap))

@@ -78,8 +78,7 @@ class MLSTM7BBlock(Block):
 
     def _compiled_step(self, x_t, state) -> BlockStepKernel | None:
         """The compiled step when it serves this call (see the module docstring), else None."""
-        if (not direct_call_allowed() or type(x_t) is not torch.Tensor or x_t.dim() != 2
-                or x_t.device.type != "cpu" or x_t.dtype != torch.float32 or self.out_proj.weight.dtype != torch.float32
+        if (type(x_t) is not torch.Tensor or x_t.dim() != 2 or not direct_call_allowed(x_t, self.out_proj.weight)
                 or (torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.parameters())))):
             return None
         if not hasattr(self, "_step_kernel"):  # the block's parts are checked at its first step

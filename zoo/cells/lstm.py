@@ -109,9 +109,8 @@ class LSTMCell(Cell):
         """One head of at least LOOP_MIN_DIM float32 units on the CPU, at most LOOP_MAX_BATCH rows, x alone
         feeding the gates, no forced backend, nothing compiling, tracing or exporting, the C++ kernels built."""
         return (self.num_heads == 1 and self.out_dim >= LOOP_MIN_DIM and value_input is None and x.dim() == 3
-                and x.shape[0] <= LOOP_MAX_BATCH
-                and x.dtype == torch.float32 and x.device.type == "cpu" and self.R.dtype == torch.float32
-                and self.config.backend is None and not torch.is_autocast_enabled("cpu") and direct_call_allowed())
+                and x.shape[0] <= LOOP_MAX_BATCH and self.config.backend is None
+                and not torch.is_autocast_enabled("cpu") and direct_call_allowed(x, self.R))
 
     def _loop_sequence(self, x, state):
         """The input projection of all tokens as one GEMM written time-major, then the C++ loops on it as it
