@@ -152,6 +152,7 @@ def _load(path: Path) -> ctypes.CDLL:
     for name, argtypes in {"mlstm_chunk_forward_f32": [ptr] * 12 + [i64] * 4 + [f32, i64],
                            "mlstm_chunk_backward_f32": [ptr] * 21 + [i64] * 4 + [f32, i64],
                            "mlstm_chunk_sums_forward_f32": [ptr] * 5 + [i64] * 5,
+                           "mlstm_sequence_forward_f32": [ptr] * 13 + [i64] * 6 + [f32, f32, i64],
                            "mlstm_chunk_sums_backward_f32": [ptr] * 8 + [i64] * 5,
                            "mlstm_step_f32": [ptr] * 12 + [i64] * 3 + [f32, f32, flag, flag, i64],
                            "linear_step_f32": [ptr] * 4 + [i64] * 4,

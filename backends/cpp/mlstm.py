@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.cpp.build import library, pointer
-from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes
+from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence as reference_sequence
 from xlstm_zoo.backends.reference.mlstm.chunkwise import ChunkKernels
 from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core as reference_core
@@ -29,9 +29,10 @@ __all__ = ["chunk_core", "chunk_sums", "mlstm_sequence", "mlstm_step"]
 
 
 def _compiled(*tensors) -> bool:
-    """float32 CPU tensors with data (under torch.compile or torch.export they are fakes: the reference runs)."""
+    """float32 CPU tensors with data (under torch.compile or torch.export they are fakes, and torch.jit.trace
+    cannot record a ctypes call: the reference runs)."""
     return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
-            and not torch.compiler.is_compiling())
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing())
 
 
 def _wants_grad(*tensors) -> bool:
@@ -132,10 +133,46 @@ def chunk_sums(k, v, a):
 KERNELS = ChunkKernels(sums=chunk_sums, core=chunk_core)
 
 
+def _in_place(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if its features are contiguous (the sequence kernel reads the other axes through strides)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _sequence_forward(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: float, chunk_size: int):
+    """The chunkwise form in one compiled call for inference: each (batch, head) row's chunks in order on one
+    thread, the running state carried in cache (``mlstm_chunk.cpp``: Sequence)."""
+    check_shapes(q, k, v, i_pre, f_pre, time_axis=True)
+    B, H, T, Dk = q.shape
+    Dv = v.shape[-1]
+    q, k, v = map(_in_place, (q, k, v))
+    # Every operand bound to a local: a temporary's pointer would dangle by the time of the call.
+    log_i, log_f = (log_gate(pre, scheme).contiguous() for pre, scheme in ((i_pre, gates.input), (f_pre, gates.forget)))
+    C0, n0, m0 = map(_flat, initial_state(state, (B, H), Dk, Dv, torch.float32, q.device))
+    strides = torch.tensor([x.stride(i) for x in (q, k, v) for i in range(3)], dtype=torch.int64)
+    h, C, n, m = v.new_empty(B, H, T, Dv), torch.empty_like(C0), torch.empty_like(n0), torch.empty_like(m0)
+    library().xlstm_zoo_mlstm_sequence_forward_f32(
+        *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f, C0, n0, m0, h, C, n, m)), B, H, T, chunk_size, Dk, Dv,
+        Dk ** -0.5 if qk_scale is None else qk_scale, eps, torch.get_num_threads())
+    return h, MLSTMState(C, n, m)
+
+
+def _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates: GateSchemes, form: str, chunk_size) -> bool:
+    """Inference (no gradient wanted) on float32 CPU tensors, the chunkwise form, at least one (batch, head)
+    row per thread: with fewer, the per-chunk kernels (which split the chunks over threads too) use more
+    cores. Everything else (and every bad input, for its error) goes the reference way."""
+    tensors = (q, k, v, i_pre, f_pre, *(state if state is not None else ()))
+    return (form == "chunkwise" and type(chunk_size) is int and chunk_size >= 1 and set(gates) <= set(GATE_SCHEMES)
+            and _compiled(*tensors) and not _wants_grad(*tensors) and q.dim() == 4 and q.shape[2] > 0
+            and q.shape[0] * q.shape[1] >= torch.get_num_threads())
+
+
 def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
                    qk_scale: float | None = None, eps: float = 1e-6, form: str = "chunkwise",
                    chunk_size: int = 64) -> tuple[torch.Tensor, MLSTMState]:
-    """The reference ``mlstm_sequence`` with the compiled per-chunk steps."""
+    """The reference ``mlstm_sequence`` with the compiled per-chunk steps; for inference (see
+    :func:`_sequence_kernel_serves`) the whole chunkwise form as one compiled call."""
+    if _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates, form, chunk_size):
+        return _sequence_forward(q, k, v, i_pre, f_pre, state, gates, qk_scale, eps, chunk_size)
     return reference_sequence(q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps, form=form,
                               chunk_size=chunk_size, kernels=KERNELS)
 

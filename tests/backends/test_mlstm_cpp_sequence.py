@@ -1,0 +1,153 @@
+"""The cpp backend's one-call chunkwise forward for inference (``mlstm_chunk.cpp``: Sequence) computes the
+reference op's function.
+
+Checked against the reference op in float64 at float32 tolerances (within 4x the error of the per-chunk
+kernels' path on the same float32 inputs): q, k, v as strided views of [B, T, H*D] projections, tail and
+single short chunks, an initial state, every gate scheme, strong forgetting. Also: when it runs (no
+gradient wanted, float32 CPU, at least one (batch, head) row per thread) and when it does not, the caller's
+state left as it was, and the same bits on any thread count.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xlstm_zoo.backends.cpp import build
+from xlstm_zoo.backends.cpp import mlstm as cpp_mlstm
+from xlstm_zoo.backends.gating import GateSchemes
+from xlstm_zoo.backends.reference.mlstm import mlstm_sequence as reference_sequence
+from xlstm_zoo.backends.states import MLSTMState
+
+pytestmark = pytest.mark.skipif(build.unavailable_reason() is not None, reason="needs the C++ kernels built")
+GATES = GateSchemes(input="exponential", forget="sigmoid")
+
+
+def projections(B, H, T, dk, dv, seed, forget_mean=3.0):
+    """q, k, v as the cells pass them ([B, T, H*D] outputs viewed as [B, H, T, D]: strided), and the gates."""
+    g = torch.Generator().manual_seed(seed)
+
+    def heads(d):
+        return torch.randn(B, T, H * d, generator=g).unflatten(-1, (H, d)).movedim(-2, 1)
+
+    q, k, v = heads(dk), heads(dk), heads(dv)
+    i_pre = torch.randn(B, T, H, generator=g).movedim(-1, 1)
+    f_pre = (torch.randn(B, T, H, generator=g) + forget_mean).movedim(-1, 1)
+    return q, k, v, i_pre, f_pre
+
+
+def random_state(B, H, dk, dv, seed):
+    g = torch.Generator().manual_seed(seed)
+    return MLSTMState(torch.randn(B, H, dk, dv, generator=g), torch.randn(B, H, dk, generator=g),
+                      torch.randn(B, H, generator=g))
+
+
+def unscaled(state):
+    """The stabilised state's values, C exp(m) and n exp(m) (the stabiliser itself is a choice)."""
+    C, n, m = (t.double() for t in state)
+    return C * m.exp()[..., None, None], n * m.exp()[..., None]
+
+
+def relative_error(a, b):
+    return (a.double() - b).abs().max().item() / (b.abs().max().item() + 1e-30)
+
+
+def assert_matches_float64(inputs, state, gates, chunk):
+    with torch.no_grad():
+        h, final = cpp_mlstm.mlstm_sequence(*inputs, state, gates=gates, chunk_size=chunk)
+        h_chunks, final_chunks = reference_sequence(*inputs, state, gates=gates, chunk_size=chunk,
+                                                    kernels=cpp_mlstm.KERNELS)
+        h_64, final_64 = reference_sequence(*(t.double() for t in inputs),
+                                            None if state is None else MLSTMState(*(t.double() for t in state)),
+                                            gates=gates, chunk_size=chunk)
+    assert h.dtype == torch.float32 and h.shape == h_64.shape and h.is_contiguous()
+    pairs = [("h", h, h_chunks, h_64), *zip(("C", "n"), unscaled(final), unscaled(final_chunks), unscaled(final_64))]
+    for name, a, a_chunks, b in pairs:
+        assert torch.isfinite(a).all(), name
+        err, err_chunks = relative_error(a, b), relative_error(a_chunks, b)
+        assert err <= max(4 * err_chunks, 2e-5), f"{name}: max error {err:.2e} (per-chunk kernels: {err_chunks:.2e})"
+    torch.testing.assert_close(final.m.double(), final_64.m, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("B,H,T,dk,dv,chunk", [(2, 4, 256, 32, 64, 64),   # the 7B layout's head sizes, whole chunks
+                                               (2, 3, 300, 16, 24, 64),   # a tail chunk of 44
+                                               (1, 2, 5, 8, 8, 64),       # one chunk shorter than the chunk size
+                                               (3, 2, 100, 5, 7, 16),     # sizes no multiple of a vector
+                                               (1, 4, 130, 64, 128, 32)])
+def test_equals_float64_reference(B, H, T, dk, dv, chunk):
+    inputs = projections(B, H, T, dk, dv, seed=T + dk)
+    assert not inputs[0].is_contiguous()
+    assert_matches_float64(inputs, None, GATES, chunk)
+    assert_matches_float64(inputs, random_state(B, H, dk, dv, seed=T), GATES, chunk)
+
+
+@pytest.mark.parametrize("gates", [GateSchemes("sigmoid", "sigmoid"), GateSchemes("sigmoid", "exponential"),
+                                   GateSchemes("exponential", "exponential")])
+def test_every_gate_scheme(gates):
+    inputs = projections(2, 2, 150, 8, 12, seed=3, forget_mean=0.0)
+    assert_matches_float64(inputs, random_state(2, 2, 8, 12, seed=4), gates, 32)
+
+
+def test_strong_forgetting():
+    # Forget pre-activations N(-4, 1): decays far below float32's smallest normal inside each chunk.
+    inputs = projections(2, 2, 256, 16, 16, seed=5, forget_mean=-4.0)
+    assert_matches_float64(inputs, None, GATES, 64)
+
+
+def test_contiguous_inputs_and_heads_first_layout():
+    q, k, v, i_pre, f_pre = (t.contiguous() for t in projections(2, 2, 96, 8, 8, seed=8))
+    assert_matches_float64((q, k, v, i_pre, f_pre), None, GATES, 32)
+
+
+def test_runs_only_for_inference_with_a_row_per_thread(monkeypatch):
+    calls = []
+    original = cpp_mlstm.reference_sequence
+    monkeypatch.setattr(cpp_mlstm, "reference_sequence", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    q, k, v, i_pre, f_pre = projections(2, 2, 64, 8, 8, seed=1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            cpp_mlstm.mlstm_sequence(q, k, v, i_pre, f_pre, gates=GATES)  # 4 rows: the sequence kernel
+            assert calls == []
+            cpp_mlstm.mlstm_sequence(q[:1, :1], k[:1, :1], v[:1, :1], i_pre[:1, :1], f_pre[:1, :1], gates=GATES)
+            assert len(calls) == 1  # 1 row for 2 threads: the per-chunk kernels
+            cpp_mlstm.mlstm_sequence(q, k, v, i_pre, f_pre, gates=GATES, form="parallel")
+            assert len(calls) == 2
+            cpp_mlstm.mlstm_sequence(*(t.double() for t in (q, k, v, i_pre, f_pre)), gates=GATES)
+            assert len(calls) == 3
+        leaf = q.detach().requires_grad_(True)
+        h, _ = cpp_mlstm.mlstm_sequence(leaf, k, v, i_pre, f_pre, gates=GATES)  # a gradient wanted
+        assert len(calls) == 4 and h.requires_grad
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_inputs_get_the_reference_errors():
+    q, k, v, i_pre, f_pre = projections(2, 2, 16, 8, 8, seed=2)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="bad shapes"):
+            cpp_mlstm.mlstm_sequence(q, k[..., :4], v, i_pre, f_pre, gates=GATES)
+        with pytest.raises(ValueError, match="chunk_size"):
+            cpp_mlstm.mlstm_sequence(q, k, v, i_pre, f_pre, gates=GATES, chunk_size=0)
+        with pytest.raises(ValueError, match="initial state C"):
+            cpp_mlstm.mlstm_sequence(q, k, v, i_pre, f_pre, random_state(2, 2, 8, 4, seed=0), gates=GATES)
+
+
+def test_state_left_alone_and_same_bits_on_any_thread_count():
+    inputs = projections(3, 2, 200, 16, 8, seed=11)
+    state = random_state(3, 2, 16, 8, seed=12)
+    before = [t.clone() for t in state]
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            with torch.no_grad():
+                results.append(cpp_mlstm.mlstm_sequence(*inputs, state, gates=GATES, chunk_size=32))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(state, before))
+    (h, final), *others = results
+    for h_other, final_other in others:
+        assert torch.equal(h, h_other) and all(torch.equal(a, b) for a, b in zip(final, final_other))
