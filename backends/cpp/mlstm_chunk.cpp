@@ -129,7 +129,9 @@ void chunk_forward(const Sizes& s, const float* q, const float* k, const float* 
     block_gemm(false, false, L, Dv, Dk, q, Dk, C0, Dv, false, h, Dv, w.bt.data());
     for (int t = 0; t < L; ++t) {
         float* hr = h + int64_t(t) * Dv;
-        for (int j = 0; j < Dv; ++j) hr[j] *= w.w0[t];
+        const float w0 = w.w0[t];
+        XLSTM_ZOO_SIMD
+        for (int j = 0; j < Dv; ++j) hr[j] *= w0;
     }
     block_gemm(false, false, L, Dv, L, scores, L, v, Dv, true, h, Dv, w.bt.data());
     for (int t = 0; t < L; ++t) {
@@ -138,9 +140,11 @@ void chunk_forward(const Sizes& s, const float* q, const float* k, const float* 
         XLSTM_ZOO_SIMD_REDUCE(+ : row)
         for (int c = 0; c < L; ++c) row += sr[c];
         qn[t] = row + w.w0[t] * w.q_n0[t];
-        den[t] = xlstm_zoo::nan_max(std::abs(qn[t]), readout_floor(m[t])) + s.eps;
+        const float d = xlstm_zoo::nan_max(std::abs(qn[t]), readout_floor(m[t])) + s.eps;
+        den[t] = d;
         float* hr = h + int64_t(t) * Dv;
-        for (int j = 0; j < Dv; ++j) hr[j] /= den[t];
+        XLSTM_ZOO_SIMD
+        for (int j = 0; j < Dv; ++j) hr[j] /= d;
     }
 }
 
