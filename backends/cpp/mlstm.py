@@ -138,41 +138,88 @@ def _in_place(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _sequence_forward(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: float, chunk_size: int):
-    """The chunkwise form in one compiled call for inference: each (batch, head) row's chunks in order on one
-    thread, the running state carried in cache (``mlstm_chunk.cpp``: Sequence)."""
+def _strides(q, k, v) -> torch.Tensor:
+    return torch.tensor([x.stride(i) for x in (q, k, v) for i in range(3)], dtype=torch.int64)
+
+
+def _sequence_call(q, k, v, log_i, log_f, C0, n0, m0, scale: float, eps: float, chunk_size: int, *, keep: bool):
+    """The compiled forward: ``h`` and the final state, and (``keep``) what the backward reads."""
+    B, H, T, Dk = q.shape
+    Dv, NC = v.shape[-1], -(-T // chunk_size)
+    strides = _strides(q, k, v)  # bound to a local: a temporary's pointer would dangle by the time of the call
+    h, C, n, m = v.new_empty(B, H, T, Dv), torch.empty_like(C0), torch.empty_like(n0), torch.empty_like(m0)
+    kept = (q.new_empty(B, H, NC, Dk, Dv), q.new_empty(B, H, NC, Dk), q.new_empty(B, H, NC),
+            q.new_empty(B, H, NC, chunk_size, chunk_size), q.new_empty(B, H, T), q.new_empty(B, H, T)) if keep else None
+    library().xlstm_zoo_mlstm_sequence_forward_f32(
+        *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f, C0, n0, m0, h, C, n, m)),
+        *(pointer(t) for t in (kept or (None,) * 6)), B, H, T, chunk_size, Dk, Dv, scale, eps, torch.get_num_threads())
+    return (h, C, n, m), kept
+
+
+class _CppSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, log_i, log_f, C0, n0, m0, scale, eps, chunk_size):
+        outputs, kept = _sequence_call(q, k, v, log_i, log_f, C0, n0, m0, scale, eps, chunk_size, keep=True)
+        ctx.settings = (scale, eps, chunk_size)
+        ctx.save_for_backward(q, k, v, log_i, log_f, outputs[0], *kept)
+        ctx.set_materialize_grads(False)  # no gradient on the final state: null pointers, not zeros
+        return outputs
+
+    @staticmethod
+    def backward(ctx, dh, dC, dn, dm):
+        q, k, v, log_i, log_f, h, *kept = ctx.saved_tensors
+        scale, eps, chunk_size = ctx.settings
+        B, H, T, Dk = q.shape
+        Dv = v.shape[-1]
+        # Held here, as in _CppChunkCore.backward.
+        dh = torch.zeros_like(h) if dh is None else _flat(dh)
+        dC, dn, dm = (None if g is None else _flat(g) for g in (dC, dn, dm))
+        strides = _strides(q, k, v)
+        dq, dk, dv = q.new_empty(B, H, T, Dk), k.new_empty(B, H, T, Dk), v.new_empty(B, H, T, Dv)
+        dlog_i, dlog_f = torch.empty_like(log_i), torch.empty_like(log_f)
+        dC0, dn0, dm0 = q.new_empty(B, H, Dk, Dv), q.new_empty(B, H, Dk), q.new_empty(B, H)
+        library().xlstm_zoo_mlstm_sequence_backward_f32(
+            *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f, h, *kept, dh)), *map(pointer, (dC, dn, dm)),
+            *(t.data_ptr() for t in (dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0)), B, H, T, chunk_size, Dk, Dv, scale,
+            eps, torch.get_num_threads())
+        return dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0, None, None, None
+
+
+def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: float, chunk_size: int):
+    """The chunkwise form as one compiled call (``mlstm_chunk.cpp``: Sequence): each (batch, head) row's chunks
+    in order on one thread, the running state carried in cache; with autograd, a compiled backward the same
+    way, chunks in reverse."""
     check_shapes(q, k, v, i_pre, f_pre, time_axis=True)
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
     q, k, v = map(_in_place, (q, k, v))
-    # Every operand bound to a local: a temporary's pointer would dangle by the time of the call.
     log_i, log_f = (log_gate(pre, scheme).contiguous() for pre, scheme in ((i_pre, gates.input), (f_pre, gates.forget)))
     C0, n0, m0 = map(_flat, initial_state(state, (B, H), Dk, Dv, torch.float32, q.device))
-    strides = torch.tensor([x.stride(i) for x in (q, k, v) for i in range(3)], dtype=torch.int64)
-    h, C, n, m = v.new_empty(B, H, T, Dv), torch.empty_like(C0), torch.empty_like(n0), torch.empty_like(m0)
-    library().xlstm_zoo_mlstm_sequence_forward_f32(
-        *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f, C0, n0, m0, h, C, n, m)), B, H, T, chunk_size, Dk, Dv,
-        Dk ** -0.5 if qk_scale is None else qk_scale, eps, torch.get_num_threads())
+    inputs = (q, k, v, log_i, log_f, C0, n0, m0, Dk ** -0.5 if qk_scale is None else qk_scale, eps, chunk_size)
+    if _wants_grad(q, k, v, log_i, log_f, C0, n0, m0):
+        h, C, n, m = _CppSequence.apply(*inputs)
+    else:
+        (h, C, n, m), _ = _sequence_call(*inputs, keep=False)
     return h, MLSTMState(C, n, m)
 
 
 def _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates: GateSchemes, form: str, chunk_size) -> bool:
-    """Inference (no gradient wanted) on float32 CPU tensors, the chunkwise form, at least one (batch, head)
-    row per thread: with fewer, the per-chunk kernels (which split the chunks over threads too) use more
-    cores. Everything else (and every bad input, for its error) goes the reference way."""
+    """float32 CPU tensors, the chunkwise form, at least one (batch, head) row per thread: with fewer, the
+    per-chunk kernels (which split the chunks over threads too) use more cores. Everything else (and every
+    bad input, for its error) goes the reference way."""
     tensors = (q, k, v, i_pre, f_pre, *(state if state is not None else ()))
     return (form == "chunkwise" and type(chunk_size) is int and chunk_size >= 1 and set(gates) <= set(GATE_SCHEMES)
-            and _compiled(*tensors) and not _wants_grad(*tensors) and q.dim() == 4 and q.shape[2] > 0
+            and _compiled(*tensors) and q.dim() == 4 and q.shape[2] > 0
             and q.shape[0] * q.shape[1] >= torch.get_num_threads())
 
 
 def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
                    qk_scale: float | None = None, eps: float = 1e-6, form: str = "chunkwise",
                    chunk_size: int = 64) -> tuple[torch.Tensor, MLSTMState]:
-    """The reference ``mlstm_sequence`` with the compiled per-chunk steps; for inference (see
-    :func:`_sequence_kernel_serves`) the whole chunkwise form as one compiled call."""
+    """The chunkwise form as one compiled call where :func:`_sequence_kernel_serves`; else the reference
+    ``mlstm_sequence`` with the compiled per-chunk steps."""
     if _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates, form, chunk_size):
-        return _sequence_forward(q, k, v, i_pre, f_pre, state, gates, qk_scale, eps, chunk_size)
+        return _sequence(q, k, v, i_pre, f_pre, state, gates, qk_scale, eps, chunk_size)
     return reference_sequence(q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps, form=form,
                               chunk_size=chunk_size, kernels=KERNELS)
 

@@ -164,17 +164,28 @@ struct Backward {
     float *dq, *dk, *dv, *dlog_i, *dlog_f, *dC0, *dn0, *dm0;
 };
 
-void backward_block(const Backward& p, int64_t b, Workspace& w) {
+// The pointers of block b of a call's blocks (each block's tensors stored one after another).
+Backward at_block(Backward p, int64_t b) {
+    const int64_t L = p.s.L, Dk = p.s.Dk, Dv = p.s.Dv;
+    for (const float** x : {&p.q, &p.k}) *x += b * L * Dk;
+    for (const float** x : {&p.v, &p.h, &p.dh}) *x += b * L * Dv;
+    for (const float** x : {&p.log_i, &p.log_f, &p.qn, &p.den}) *x += b * L;
+    p.C0 += b * Dk * Dv, p.n0 += b * Dk, p.m0 += b, p.scores += b * L * L;
+    p.dq += b * L * Dk, p.dk += b * L * Dk, p.dv += b * L * Dv, p.dlog_i += b * L, p.dlog_f += b * L;
+    p.dC0 += b * Dk * Dv, p.dn0 += b * Dk, p.dm0 += b;
+    return p;
+}
+
+// One chunk's backward (p: that chunk's pointers); its gradients are written, not added.
+void chunk_backward(const Backward& p, Workspace& w) {
     const Sizes& s = p.s;
     const int L = s.L, Dk = s.Dk, Dv = s.Dv;
-    const float *q = p.q + b * L * Dk, *k = p.k + b * L * Dk, *v = p.v + b * L * Dv;
-    const float *C0 = p.C0 + b * Dk * Dv, *n0 = p.n0 + b * Dk;
-    const float *h = p.h + b * L * Dv, *qn = p.qn + b * L, *den = p.den + b * L, *dh = p.dh + b * L * Dv;
-    float *dq = p.dq + b * L * Dk, *dk = p.dk + b * L * Dk, *dv = p.dv + b * L * Dv;
-    float *dlog_i = p.dlog_i + b * L, *dlog_f = p.dlog_f + b * L, *dC0 = p.dC0 + b * Dk * Dv, *dn0 = p.dn0 + b * Dk;
+    const float *q = p.q, *k = p.k, *v = p.v, *C0 = p.C0, *n0 = p.n0;
+    const float *h = p.h, *qn = p.qn, *den = p.den, *dh = p.dh;
+    float *dq = p.dq, *dk = p.dk, *dv = p.dv, *dlog_i = p.dlog_i, *dlog_f = p.dlog_f, *dC0 = p.dC0, *dn0 = p.dn0;
     float* m = w.m.data();  // the row stabiliser, recomputed as in the forward
-    decay(s, p.log_i + b * L, p.log_f + b * L, p.m0[b], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
-    const float* scores = p.scores + b * L * L;
+    decay(s, p.log_i, p.log_f, p.m0[0], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
+    const float* scores = p.scores;
     state_terms(s, q, n0, w);
     const float *x = w.x.data(), *d = w.d.data(), *w0 = w.w0.data();
 
@@ -270,8 +281,10 @@ void backward_block(const Backward& p, int64_t b, Workspace& w) {
         dm0 += d_lw0[r];
     }
     for (int c = 0; c < L; ++c) dlog_i[c] = static_cast<float>(U[c]);
-    p.dm0[b] = static_cast<float>(dm0);
+    p.dm0[0] = static_cast<float>(dm0);
 }
+
+void backward_block(const Backward& p, int64_t b, Workspace& w) { chunk_backward(at_block(p, b), w); }
 
 // Chunk sums (chunkwise_backward.py's _ChunkSums): C = (a k)^T v [Dk, Dv] and n = sum_t a_t k_t [Dk] per
 // block, and their backward: with dk_w = v dC^T + dn, dk = a dk_w, dv = (a k) dC, da_t = dk_w[t] . k[t].
@@ -313,13 +326,18 @@ void sums_backward_block(const Sums& p, int64_t b, Workspace& w) {
     }
 }
 
-// The whole chunkwise forward for inference (no backward follows): one thread per (batch, head) row walks
-// its chunks in order, each chunk's outputs from the running state, then the state carried over the chunk
+// The whole chunkwise form for one (batch, head) row at a time: one thread walks the row's chunks in
+// order, each chunk's outputs from the running state, then the state carried over the chunk
 // (C <- f C + sum_t a_t k_t v_t^T, stabilised as in chunkwise.py). The PyTorch chunkwise form computes all
 // entering states at once as a chunk-level parallel form, in ~25 small ops that stream the states through
 // memory (a third of the op's time at the 7B layout's d=256 sizes); here they stay in the thread's cache.
 // q, k and v are read in place from strided [B, H, T, D] views (the projections' [B, T, H*D] outputs),
 // one chunk at a time into contiguous buffers, q times its scale on the way in.
+//
+// For training the forward also keeps what the backward reads: each chunk's entering state, its scores and
+// the readout's q.n and denominator. The backward walks the chunks in reverse with the gradient of the
+// running state: each chunk's carry step backwards, then its core (chunk_backward), whose gradient of the
+// entering state is added to the carry's.
 struct Sequence {
     Sizes s;  // blocks = rows (B * H), L = chunk size
     int64_t heads, T;
@@ -329,14 +347,29 @@ struct Sequence {
     const float *log_i, *log_f;  // [rows, T]
     const float *C0, *n0, *m0;   // the initial state
     float *h;                    // [rows, T, Dv]
-    float *C, *n, *m;            // the final state (the running one during the call)
+    float *C, *n, *m;            // the final state (the running one during the forward)
+    // Kept for the backward (null: inference): per chunk the entering state [rows, NC, Dk(, Dv)] / [rows, NC]
+    // and scores [rows, NC, L, L]; per token the readout's q.n and denominator [rows, T].
+    float *C_in, *n_in, *m_in, *scores, *qn, *den;
+    // The backward's inputs (dC, dn, dm: the final state's gradients, null for none) and outputs (dq, dk,
+    // dv contiguous [rows, T, D]; dlog_i, dlog_f [rows, T]; the initial state's).
+    const float *dh, *dC, *dn, *dm;
+    float *dq, *dk, *dv, *dlog_i, *dlog_f, *dC0, *dn0, *dm0;
+
+    int64_t chunks() const { return (T + s.L - 1) / s.L; }
 };
 
 struct SequenceWorkspace {
     Workspace w;
-    std::vector<float> q, k, v, qn, den, log_a;
-    explicit SequenceWorkspace(const Sizes& s)
-        : w(s, false), q(s.L * s.Dk), k(s.L * s.Dk), v(s.L * s.Dv), qn(s.L), den(s.L), log_a(s.L) {}
+    std::vector<float> q, k, v, qn, den, log_a, e;
+    std::vector<float> dC, dn, dq, dk, dv, dlog_i, dlog_f, dC0, dn0, u, d_log_a;  // the backward's
+    SequenceWorkspace(const Sizes& s, bool backward)
+        : w(s, backward), q(s.L * s.Dk), k(s.L * s.Dk), v(s.L * s.Dv), qn(s.L), den(s.L), log_a(s.L), e(s.L) {
+        if (!backward) return;
+        dC.resize(s.Dk * s.Dv), dn.resize(s.Dk), dq.resize(s.L * s.Dk), dk.resize(s.L * s.Dk);
+        dv.resize(s.L * s.Dv), dlog_i.resize(s.L), dlog_f.resize(s.L), dC0.resize(s.Dk * s.Dv), dn0.resize(s.Dk);
+        u.resize(s.L * s.Dk), d_log_a.resize(s.L);
+    }
 };
 
 void gather_chunk(const float* x, const int64_t* stride, int64_t b, int64_t head, int64_t t0, int L, int D,
@@ -350,11 +383,14 @@ void gather_chunk(const float* x, const int64_t* stride, int64_t b, int64_t head
     }
 }
 
-// The state after a chunk: with a_t = exp(log i_t + sum_{r>t} log f_r) and F = sum_r log f_r,
-// m' = max(m + F, max_t log a_t), C' = exp(m + F - m') C + sum_t exp(log a_t - m') k_t v_t^T, n likewise.
-void carry_state(const Sizes& s, const float* k, const float* v, const float* log_i, const float* log_f, float* C,
-                 float* n, float& m, SequenceWorkspace& sw) {
-    const int L = s.L, Dk = s.Dk, Dv = s.Dv;
+// The carry step's factors. With a_t = exp(log i_t + sum_{r>t} log f_r) and F = sum_r log f_r, the state
+// after the chunk is m' = max(m + F, max_t log a_t), C' = keep C + sum_t e_t k_t v_t^T (n' likewise) with
+// keep = exp(m + F - m') and e_t = exp(log a_t - m'). log_a and e are left in the workspace.
+struct Carry {
+    float decayed, a_max, m_new, keep;
+};
+
+Carry carry_factors(int L, const float* log_i, const float* log_f, float m, SequenceWorkspace& sw) {
     float* log_a = sw.log_a.data();
     double to_end = 0.0;  // suffix sums in double, as decay() and torch's cumsum
     float a_max = kNegInf;
@@ -363,44 +399,172 @@ void carry_state(const Sizes& s, const float* k, const float* v, const float* lo
         a_max = xlstm_zoo::nan_max(a_max, log_a[t]);
         to_end += log_f[t];
     }
-    const float decayed = m + static_cast<float>(to_end);
-    const float m_new = xlstm_zoo::nan_max(decayed, a_max);
-    const float keep = std::exp(decayed - m_new);
+    Carry c;
+    c.decayed = m + static_cast<float>(to_end);
+    c.a_max = a_max;
+    c.m_new = xlstm_zoo::nan_max(c.decayed, a_max);
+    c.keep = std::exp(c.decayed - c.m_new);
+    for (int t = 0; t < L; ++t) sw.e[t] = std::exp(log_a[t] - c.m_new);
+    return c;
+}
+
+void carry_state(const Sizes& s, const float* k, const float* v, const float* log_i, const float* log_f, float* C,
+                 float* n, float& m, SequenceWorkspace& sw) {
+    const int L = s.L, Dk = s.Dk, Dv = s.Dv;
+    const Carry c = carry_factors(L, log_i, log_f, m, sw);
     XLSTM_ZOO_SIMD
-    for (int64_t i = 0; i < int64_t(Dk) * Dv; ++i) C[i] *= keep;
+    for (int64_t i = 0; i < int64_t(Dk) * Dv; ++i) C[i] *= c.keep;
     float* k_w = sw.w.G.data();
-    for (int i = 0; i < Dk; ++i) n[i] *= keep;
+    for (int i = 0; i < Dk; ++i) n[i] *= c.keep;
     for (int t = 0; t < L; ++t) {
-        const float a = std::exp(log_a[t] - m_new);
         const float* kr = k + int64_t(t) * Dk;
         float* kw = k_w + int64_t(t) * Dk;
         for (int i = 0; i < Dk; ++i) {
-            kw[i] = a * kr[i];
+            kw[i] = sw.e[t] * kr[i];
             n[i] += kw[i];
         }
     }
     block_gemm(true, false, Dk, Dv, L, k_w, Dk, v, Dv, true, C, Dv, sw.w.bt.data());
-    m = m_new;
+    m = c.m_new;
+}
+
+// The carry step backwards, from the gradients (dC, dn, dm) of the state after the chunk (replaced by those
+// of the state before it: C, n its values, m its stabiliser). Adds to the chunk's dk, dv, dlog_i, dlog_f.
+void carry_backward(const Sizes& s, const float* k, const float* v, const float* log_i, const float* log_f,
+                    const float* C, const float* n, float m, float* dC, float* dn, float& dm, float* dk, float* dv,
+                    float* dlog_i, float* dlog_f, SequenceWorkspace& sw) {
+    const int L = s.L, Dk = s.Dk, Dv = s.Dv;
+    const Carry c = carry_factors(L, log_i, log_f, m, sw);
+    const float *e = sw.e.data(), *log_a = sw.log_a.data();
+    float d_keep = dot(dn, n, Dk);
+    XLSTM_ZOO_SIMD_REDUCE(+ : d_keep)
+    for (int64_t i = 0; i < int64_t(Dk) * Dv; ++i) d_keep += dC[i] * C[i];
+    // u_t = dC' v_t + dn' [L, Dk]: d e_t = k_t . u_t, dk_t += e_t u_t, dv_t += e_t k_t^T dC'.
+    float *u = sw.u.data(), *d_log_a = sw.d_log_a.data(), *k_w = sw.w.G.data();
+    for (int t = 0; t < L; ++t) std::copy(dn, dn + Dk, u + int64_t(t) * Dk);
+    block_gemm(false, true, L, Dk, Dv, v, Dv, dC, Dv, true, u, Dk, sw.w.bt.data());
+    float dm_new = dm;
+    for (int t = 0; t < L; ++t) {
+        const float* ur = u + int64_t(t) * Dk;
+        const float* kr = k + int64_t(t) * Dk;
+        float* dkr = dk + int64_t(t) * Dk;
+        float* kw = k_w + int64_t(t) * Dk;
+        d_log_a[t] = dot(kr, ur, Dk) * e[t];  // e_t = exp(log a_t - m')
+        dm_new -= d_log_a[t];
+        for (int i = 0; i < Dk; ++i) {
+            dkr[i] += e[t] * ur[i];
+            kw[i] = e[t] * kr[i];
+        }
+    }
+    block_gemm(false, false, L, Dv, Dk, k_w, Dk, dC, Dv, true, dv, Dv, sw.w.bt.data());
+    float d_decayed = d_keep * c.keep;  // keep = exp(m + F - m')
+    dm_new -= d_decayed;
+    // m' = maximum(m + F, amax_t log a_t): half each at a tie (torch.maximum), evenly among equal maxima.
+    const bool decayed_wins = c.decayed == c.m_new, amax_wins = c.a_max == c.m_new;
+    const float split = decayed_wins && amax_wins ? dm_new / 2 : dm_new;
+    if (decayed_wins) d_decayed += split;
+    if (amax_wins) {
+        int count = 0;
+        for (int t = 0; t < L; ++t) count += log_a[t] == c.a_max;
+        for (int t = 0; t < L; ++t) d_log_a[t] += log_a[t] == c.a_max ? split / count : 0.0f;
+    }
+    // log a_t = log i_t + sum_{r>t} log f_r; m + F = m + sum_r log f_r.
+    double below = 0.0;  // sum_{t<r} d log a_t
+    for (int r = 0; r < L; ++r) {
+        dlog_i[r] += d_log_a[r];
+        dlog_f[r] += static_cast<float>(below) + d_decayed;
+        below += d_log_a[r];
+    }
+    XLSTM_ZOO_SIMD
+    for (int64_t i = 0; i < int64_t(Dk) * Dv; ++i) dC[i] *= c.keep;
+    for (int i = 0; i < Dk; ++i) dn[i] *= c.keep;
+    dm = d_decayed;
+}
+
+void gather_row_chunk(const Sequence& p, int64_t row, int64_t t0, int L, SequenceWorkspace& sw) {
+    const int64_t b = row / p.heads, head = row % p.heads;
+    gather_chunk(p.q, p.q_stride, b, head, t0, L, p.s.Dk, p.scale, sw.q.data());
+    gather_chunk(p.k, p.k_stride, b, head, t0, L, p.s.Dk, 1.0f, sw.k.data());
+    gather_chunk(p.v, p.v_stride, b, head, t0, L, p.s.Dv, 1.0f, sw.v.data());
 }
 
 void sequence_row(const Sequence& p, int64_t row, SequenceWorkspace& sw) {
-    const int64_t Dk = p.s.Dk, Dv = p.s.Dv, T = p.T, b = row / p.heads, head = row % p.heads;
+    const int64_t Dk = p.s.Dk, Dv = p.s.Dv, T = p.T, NC = p.chunks(), L_full = p.s.L;
     float *C = p.C + row * Dk * Dv, *n = p.n + row * Dk;
     std::copy(p.C0 + row * Dk * Dv, p.C0 + (row + 1) * Dk * Dv, C);
     std::copy(p.n0 + row * Dk, p.n0 + (row + 1) * Dk, n);
     float m = p.m0[row];
     const float *log_i = p.log_i + row * T, *log_f = p.log_f + row * T;
-    for (int64_t t0 = 0; t0 < T; t0 += p.s.L) {
-        const Sizes s{1, std::min(p.s.L, T - t0), Dk, Dv, p.s.eps};  // the last chunk may be shorter
-        const int L = static_cast<int>(s.L);
-        gather_chunk(p.q, p.q_stride, b, head, t0, L, Dk, p.scale, sw.q.data());
-        gather_chunk(p.k, p.k_stride, b, head, t0, L, Dk, 1.0f, sw.k.data());
-        gather_chunk(p.v, p.v_stride, b, head, t0, L, Dv, 1.0f, sw.v.data());
+    const bool keep = p.C_in != nullptr;
+    for (int64_t c = 0; c < NC; ++c) {
+        const int64_t t0 = c * L_full, at = row * NC + c;
+        const Sizes s{1, std::min(L_full, T - t0), Dk, Dv, p.s.eps};  // the last chunk may be shorter
+        gather_row_chunk(p, row, t0, static_cast<int>(s.L), sw);
+        if (keep) {
+            std::copy(C, C + Dk * Dv, p.C_in + at * Dk * Dv);
+            std::copy(n, n + Dk, p.n_in + at * Dk);
+            p.m_in[at] = m;
+        }
         chunk_forward(s, sw.q.data(), sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C, n, m,
-                      p.h + (row * T + t0) * Dv, sw.qn.data(), sw.den.data(), sw.w.scores.data(), sw.w);
+                      p.h + (row * T + t0) * Dv, keep ? p.qn + row * T + t0 : sw.qn.data(),
+                      keep ? p.den + row * T + t0 : sw.den.data(),
+                      keep ? p.scores + at * L_full * L_full : sw.w.scores.data(), sw.w);
         carry_state(s, sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C, n, m, sw);
     }
     p.m[row] = m;
+}
+
+void sequence_backward_row(const Sequence& p, int64_t row, SequenceWorkspace& sw) {
+    const int64_t Dk = p.s.Dk, Dv = p.s.Dv, T = p.T, NC = p.chunks(), L_full = p.s.L;
+    float *dC = sw.dC.data(), *dn = sw.dn.data();
+    if (p.dC) std::copy(p.dC + row * Dk * Dv, p.dC + (row + 1) * Dk * Dv, dC);
+    else std::fill(dC, dC + Dk * Dv, 0.0f);
+    if (p.dn) std::copy(p.dn + row * Dk, p.dn + (row + 1) * Dk, dn);
+    else std::fill(dn, dn + Dk, 0.0f);
+    float dm = p.dm ? p.dm[row] : 0.0f;
+    const float *log_i = p.log_i + row * T, *log_f = p.log_f + row * T;
+    for (int64_t c = NC - 1; c >= 0; --c) {
+        const int64_t t0 = c * L_full, at = row * NC + c;
+        const Sizes s{1, std::min(L_full, T - t0), Dk, Dv, p.s.eps};
+        const int L = static_cast<int>(s.L);
+        gather_row_chunk(p, row, t0, L, sw);
+        const float *C_in = p.C_in + at * Dk * Dv, *n_in = p.n_in + at * Dk;
+        // The core first (its gradients are written), then the carry's added; the entering state's
+        // gradient is the core's plus the carry's.
+        float dm0 = 0.0f;
+        const Backward b{s, sw.q.data(), sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C_in, n_in,
+                         p.m_in + at, p.h + (row * T + t0) * Dv, p.qn + row * T + t0, p.den + row * T + t0,
+                         p.dh + (row * T + t0) * Dv, p.scores + at * L_full * L_full, sw.dq.data(), sw.dk.data(),
+                         sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw.dC0.data(), sw.dn0.data(), &dm0};
+        chunk_backward(b, sw.w);
+        carry_backward(s, sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C_in, n_in, p.m_in[at], dC, dn, dm,
+                       sw.dk.data(), sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw);
+        for (int64_t i = 0; i < Dk * Dv; ++i) dC[i] += sw.dC0[i];
+        for (int64_t i = 0; i < Dk; ++i) dn[i] += sw.dn0[i];
+        dm += dm0;
+        float* dq = p.dq + (row * T + t0) * Dk;
+        for (int64_t i = 0; i < L * Dk; ++i) dq[i] = sw.dq[i] * p.scale;  // q entered times its scale
+        std::copy(sw.dk.begin(), sw.dk.begin() + L * Dk, p.dk + (row * T + t0) * Dk);
+        std::copy(sw.dv.begin(), sw.dv.begin() + L * Dv, p.dv + (row * T + t0) * Dv);
+        std::copy(sw.dlog_i.begin(), sw.dlog_i.begin() + L, p.dlog_i + row * T + t0);
+        std::copy(sw.dlog_f.begin(), sw.dlog_f.begin() + L, p.dlog_f + row * T + t0);
+    }
+    std::copy(dC, dC + Dk * Dv, p.dC0 + row * Dk * Dv);
+    std::copy(dn, dn + Dk, p.dn0 + row * Dk);
+    p.dm0[row] = dm;
+}
+
+// Sequence.q, k, v and their strides (q, k, v: batch, head and time each), sizes and settings, the rest null.
+Sequence sequence_call(const float* q, const float* k, const float* v, const int64_t* strides, const float* log_i,
+                       const float* log_f, int64_t batch, int64_t heads, int64_t T, int64_t L, int64_t Dk, int64_t Dv,
+                       float scale, float eps) {
+    Sequence p{};
+    p.s = {batch * heads, L, Dk, Dv, eps};
+    p.heads = heads, p.T = T, p.q = q, p.k = k, p.v = v, p.scale = scale, p.log_i = log_i, p.log_f = log_f;
+    std::copy(strides, strides + 3, p.q_stride);
+    std::copy(strides + 3, strides + 6, p.k_stride);
+    std::copy(strides + 6, strides + 9, p.v_stride);
+    return p;
 }
 
 template <typename P>
@@ -422,18 +586,38 @@ void xlstm_zoo_mlstm_chunk_forward_f32(const float* q, const float* k, const flo
     run_blocks(p, forward_block, false, threads);
 }
 
+// The forward; C_in .. den null for inference (nothing kept), else sized as Sequence says.
 void xlstm_zoo_mlstm_sequence_forward_f32(const float* q, const float* k, const float* v, const int64_t* strides,
                                           const float* log_i, const float* log_f, const float* C0, const float* n0,
-                                          const float* m0, float* h, float* C, float* n, float* m, int64_t batch,
-                                          int64_t heads, int64_t T, int64_t L, int64_t Dk, int64_t Dv, float scale,
-                                          float eps, int64_t threads) {
-    Sequence p{{batch * heads, L, Dk, Dv, eps}, heads, T, q, k, v, {}, {}, {}, scale, log_i, log_f, C0, n0, m0, h,
-               C, n, m};
-    std::copy(strides, strides + 3, p.q_stride);
-    std::copy(strides + 3, strides + 6, p.k_stride);
-    std::copy(strides + 6, strides + 9, p.v_stride);
+                                          const float* m0, float* h, float* C, float* n, float* m, float* C_in,
+                                          float* n_in, float* m_in, float* scores, float* qn, float* den,
+                                          int64_t batch, int64_t heads, int64_t T, int64_t L, int64_t Dk, int64_t Dv,
+                                          float scale, float eps, int64_t threads) {
+    Sequence p = sequence_call(q, k, v, strides, log_i, log_f, batch, heads, T, L, Dk, Dv, scale, eps);
+    p.C0 = C0, p.n0 = n0, p.m0 = m0, p.h = h, p.C = C, p.n = n, p.m = m;
+    p.C_in = C_in, p.n_in = n_in, p.m_in = m_in, p.scores = scores, p.qn = qn, p.den = den;
     xlstm_zoo::parallel_rows(p.s.blocks, threads, [&]() {
-        return [&p, w = SequenceWorkspace(p.s)](int64_t row) mutable { sequence_row(p, row, w); };
+        return [&p, w = SequenceWorkspace(p.s, false)](int64_t row) mutable { sequence_row(p, row, w); };
+    });
+}
+
+// The backward of a forward that kept C_in .. den; dC, dn, dm may be null (no gradient on the final state).
+void xlstm_zoo_mlstm_sequence_backward_f32(const float* q, const float* k, const float* v, const int64_t* strides,
+                                           const float* log_i, const float* log_f, const float* h, const float* C_in,
+                                           const float* n_in, const float* m_in, const float* scores,
+                                           const float* qn, const float* den, const float* dh, const float* dC,
+                                           const float* dn, const float* dm, float* dq, float* dk, float* dv,
+                                           float* dlog_i, float* dlog_f, float* dC0, float* dn0, float* dm0,
+                                           int64_t batch, int64_t heads, int64_t T, int64_t L, int64_t Dk,
+                                           int64_t Dv, float scale, float eps, int64_t threads) {
+    Sequence p = sequence_call(q, k, v, strides, log_i, log_f, batch, heads, T, L, Dk, Dv, scale, eps);
+    p.h = const_cast<float*>(h);  // read only here
+    p.C_in = const_cast<float*>(C_in), p.n_in = const_cast<float*>(n_in), p.m_in = const_cast<float*>(m_in);
+    p.scores = const_cast<float*>(scores), p.qn = const_cast<float*>(qn), p.den = const_cast<float*>(den);
+    p.dh = dh, p.dC = dC, p.dn = dn, p.dm = dm;
+    p.dq = dq, p.dk = dk, p.dv = dv, p.dlog_i = dlog_i, p.dlog_f = dlog_f, p.dC0 = dC0, p.dn0 = dn0, p.dm0 = dm0;
+    xlstm_zoo::parallel_rows(p.s.blocks, threads, [&]() {
+        return [&p, w = SequenceWorkspace(p.s, true)](int64_t row) mutable { sequence_backward_row(p, row, w); };
     });
 }
 

@@ -1,11 +1,12 @@
-"""The cpp backend's one-call chunkwise forward for inference (``mlstm_chunk.cpp``: Sequence) computes the
-reference op's function.
+"""The cpp backend's one-call chunkwise form (``mlstm_chunk.cpp``: Sequence) computes the reference op's
+function and gradient.
 
 Checked against the reference op in float64 at float32 tolerances (within 4x the error of the per-chunk
 kernels' path on the same float32 inputs): q, k, v as strided views of [B, T, H*D] projections, tail and
-single short chunks, an initial state, every gate scheme, strong forgetting. Also: when it runs (no
-gradient wanted, float32 CPU, at least one (batch, head) row per thread) and when it does not, the caller's
-state left as it was, and the same bits on any thread count.
+single short chunks, an initial state, every gate scheme, strong forgetting; gradients of the output and
+of the final state with respect to q, k, v, both gates' pre-activations and the initial state. Also: when
+it runs (float32 CPU, at least one (batch, head) row per thread) and when it does not, the caller's state
+left as it was, and the same bits on any thread count.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import build
 from xlstm_zoo.backends.cpp import mlstm as cpp_mlstm
 from xlstm_zoo.backends.gating import GateSchemes
@@ -99,7 +101,7 @@ def test_contiguous_inputs_and_heads_first_layout():
     assert_matches_float64((q, k, v, i_pre, f_pre), None, GATES, 32)
 
 
-def test_runs_only_for_inference_with_a_row_per_thread(monkeypatch):
+def test_runs_with_a_row_per_thread(monkeypatch):
     calls = []
     original = cpp_mlstm.reference_sequence
     monkeypatch.setattr(cpp_mlstm, "reference_sequence", lambda *a, **kw: calls.append(1) or original(*a, **kw))
@@ -117,8 +119,8 @@ def test_runs_only_for_inference_with_a_row_per_thread(monkeypatch):
             cpp_mlstm.mlstm_sequence(*(t.double() for t in (q, k, v, i_pre, f_pre)), gates=GATES)
             assert len(calls) == 3
         leaf = q.detach().requires_grad_(True)
-        h, _ = cpp_mlstm.mlstm_sequence(leaf, k, v, i_pre, f_pre, gates=GATES)  # a gradient wanted
-        assert len(calls) == 4 and h.requires_grad
+        h, _ = cpp_mlstm.mlstm_sequence(leaf, k, v, i_pre, f_pre, gates=GATES)  # a gradient wanted: compiled too
+        assert len(calls) == 3 and h.grad_fn.name() == "_CppSequenceBackward"
     finally:
         torch.set_num_threads(threads)
 
@@ -151,3 +153,50 @@ def test_state_left_alone_and_same_bits_on_any_thread_count():
     (h, final), *others = results
     for h_other, final_other in others:
         assert torch.equal(h, h_other) and all(torch.equal(a, b) for a, b in zip(final, final_other))
+
+
+def losses_and_grads(fn, inputs, state, dtype, gates, chunk, seed=17):
+    """h, the final state, and the gradients of one fixed weighted sum of h and the final state (C, n, m)
+    with respect to q, k, v, i_pre, f_pre and the initial state."""
+    leaves = [t.to(dtype).detach().requires_grad_(True) for t in (*inputs, *state)]
+    h, final = fn(*leaves[:5], MLSTMState(*leaves[5:]), gates=gates, chunk_size=chunk)
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=torch.float64).to(dtype)).sum() for t in (h, *final))
+    return (h, *final), torch.autograd.grad(loss, leaves)
+
+
+def reference_with_chunk_kernels(*args, **kwargs):
+    return reference_sequence(*args, kernels=cpp_mlstm.KERNELS, **kwargs)
+
+
+@pytest.mark.parametrize("B,H,T,dk,dv,chunk,gates,forget_mean", [
+    (2, 2, 256, 16, 32, 64, GATES, 3.0),
+    (1, 3, 150, 8, 12, 32, GateSchemes("sigmoid", "exponential"), 0.0),   # a tail chunk of 22
+    (2, 2, 200, 5, 7, 16, GATES, -3.0),                                    # strong forgetting, odd sizes
+    (2, 1, 9, 4, 4, 64, GateSchemes("exponential", "exponential"), 0.0)])  # one short chunk
+def test_gradients_equal_float64_reference(B, H, T, dk, dv, chunk, gates, forget_mean):
+    inputs = projections(B, H, T, dk, dv, seed=T, forget_mean=forget_mean)
+    state = random_state(B, H, dk, dv, seed=T + 1)
+    outs, grads = losses_and_grads(cpp_mlstm.mlstm_sequence, inputs, state, torch.float32, gates, chunk)
+    outs_chunks, grads_chunks = losses_and_grads(reference_with_chunk_kernels, inputs, state, torch.float32, gates,
+                                                 chunk)
+    outs_64, grads_64 = losses_and_grads(reference_sequence, inputs, state, torch.float64, gates, chunk)
+    names = ("h", "C", "n", "m", "dq", "dk", "dv", "di", "df", "dC0", "dn0", "dm0")
+    for name, a, a_chunks, b in zip(names, (*outs, *grads), (*outs_chunks, *grads_chunks), (*outs_64, *grads_64)):
+        assert a.dtype == torch.float32 and torch.isfinite(a).all(), name
+        err, err_chunks = relative_error(a, b), relative_error(a_chunks, b)
+        assert err <= max(4 * err_chunks, 2e-5), f"{name}: max error {err:.2e} (per-chunk kernels: {err_chunks:.2e})"
+
+
+def test_gradient_of_h_alone():
+    # No gradient reaches the final state: the backward gets null pointers for it.
+
+    inputs = projections(2, 2, 100, 8, 8, seed=21)
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+    h, _ = cpp_mlstm.mlstm_sequence(*leaves, gates=GATES, chunk_size=32)
+    assert h.grad_fn.name() == "_CppSequenceBackward"
+    grads = torch.autograd.grad(h.square().sum(), leaves)
+    leaves_ref = [t.detach().requires_grad_(True) for t in inputs]
+    h_ref, _ = ops.mlstm_sequence(*leaves_ref, gates=GATES, chunk_size=32, backend="reference")
+    for a, b in zip(grads, torch.autograd.grad(h_ref.square().sum(), leaves_ref)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
