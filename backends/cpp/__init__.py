@@ -28,7 +28,8 @@ MLSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (gradch
 
 KERNELS = (
     Kernel("mlstm", "chunkwise", "cpp", mlstm_sequence, devices=("cpu",), dtypes=MLSTM_DTYPES,
-           notes="intra-chunk core in C++ per (batch-head, chunk) block, computed in float32"),
+           notes="float32 with a (batch, head) row per thread: the whole form in C++, one thread per row, "
+                 "forward and backward; else the per-chunk steps in C++, computed in float32"),
     Kernel("mlstm", "step", "cpp", mlstm_step, devices=("cpu",), dtypes=(torch.float32,),
            notes="one fused pass per (batch, head) row; with autograd the reference step"),
     Kernel("slstm", "sequence", "cpp", slstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
@@ -48,7 +49,7 @@ def cpp_backend() -> Backend:
     return CppBackend(
         name="cpp",
         priority=15,
-        description="sLSTM and LSTM loops and the mLSTM chunk steps, forward and backward, and the generation step's "
+        description="sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward, and the generation step's "
                     "mLSTM update and linear maps, compiled from C++ for the CPU (built on first use)",
         kernels=KERNELS,
     )

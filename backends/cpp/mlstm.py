@@ -1,14 +1,19 @@
-"""mLSTM in compiled C++: the chunkwise form's two per-chunk steps, forward and backward (``mlstm_chunk.cpp``),
-and the one-token step for generation (``mlstm_step.cpp``, no autograd).
+"""mLSTM in compiled C++: the chunkwise form, whole (one thread per (batch, head) row, chunk after chunk) or as
+its two per-chunk steps, forward and backward (``mlstm_chunk.cpp``), and the one-token step for generation
+(``mlstm_step.cpp``, no autograd).
 
-Everything else (gate preparation, mixing the chunk sums into entering states, the tail chunk) is the
-reference chunkwise form's. The compiled steps are :func:`chunk_sums` (each chunk's keys and values summed
-into a state) and :func:`chunk_core` (each chunk's outputs from its entering state): one thread per
-(batch-head, chunk) block, the block's matrices kept in cache, its small matrix products computed in place
-(``block_gemm.h``). Their gradients are those of :mod:`xlstm_zoo.backends.reference.mlstm.chunkwise_backward`,
-ties and readout floor included.
+float32 inputs with at least one (batch, head) row per thread take the whole form (:func:`_sequence`): each
+row's chunks in order on one thread, the running state carried in cache, q/k/v read in place; with autograd
+its forward keeps each chunk's entering state and a compiled backward walks the chunks in reverse.
 
-They run float32 (the compute dtype of fp32, bf16 and fp16 inputs); float64 uses the reference steps.
+Otherwise (fewer rows than threads, half-precision inputs) the reference chunkwise form runs with two
+compiled steps: :func:`chunk_sums` (each chunk's keys and values summed into a state) and :func:`chunk_core`
+(each chunk's outputs from its entering state), one thread per (batch-head, chunk) block, the block's
+matrices kept in cache, its small matrix products computed in place (``block_gemm.h``); gate preparation,
+mixing the chunk sums into entering states and the tail chunk stay the reference's. Gradients are those of
+:mod:`xlstm_zoo.backends.reference.mlstm.chunkwise_backward`, ties and readout floor included.
+
+Everything computes in float32 (the compute dtype of fp32, bf16 and fp16 inputs); float64 uses the reference.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 // The mLSTM chunkwise form's two per-chunk steps, forward and backward, one (batch-head, chunk) block at a
 // time: the chunk sums (a chunk's keys and values summed into a state) and the intra-chunk core (a chunk's
-// outputs from its entering state).
+// outputs from its entering state). And the whole form, one (batch, head) row per thread, chunk after chunk
+// (Sequence, below), which the op uses where there are at least as many rows as threads.
 //
 // The PyTorch core (backends/reference/mlstm/chunkwise_backward.py) runs each step over all blocks at
 // once: every [L, L] intermediate is a 4 MiB tensor at B=4 H=4 T=1024 L=64, so each of its ~35 passes
