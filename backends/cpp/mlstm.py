@@ -19,6 +19,7 @@ Everything computes in float32 (the compute dtype of fp32, bf16 and fp16 inputs)
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from xlstm_zoo.backends.cpp.build import library, pointer
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
@@ -72,6 +73,7 @@ class _CppChunkCore(torch.autograd.Function):
         return h
 
     @staticmethod
+    @once_differentiable  # the backward is compiled: a second derivative would be silently wrong
     def backward(ctx, dh):
         *inputs, h, qn, den, scores = ctx.saved_tensors
         q, k, v = inputs[:3]
@@ -113,6 +115,7 @@ class _CppChunkSums(torch.autograd.Function):
         return _sums_forward(k, v, a)
 
     @staticmethod
+    @once_differentiable  # the backward is compiled: a second derivative would be silently wrong
     def backward(ctx, dC, dn):
         k, v, a = ctx.saved_tensors
         dC, dn = _flat(dC), _flat(dn)  # held here, as in _CppChunkCore.backward
@@ -171,6 +174,7 @@ class _CppSequence(torch.autograd.Function):
         return outputs
 
     @staticmethod
+    @once_differentiable  # the backward is compiled: a second derivative would be silently wrong
     def backward(ctx, dh, dC, dn, dm):
         q, k, v, log_i, log_f, h, *kept = ctx.saved_tensors
         scale, eps, chunk_size = ctx.settings

@@ -200,3 +200,15 @@ def test_gradient_of_h_alone():
     h_ref, _ = ops.mlstm_sequence(*leaves_ref, gates=GATES, chunk_size=32, backend="reference")
     for a, b in zip(grads, torch.autograd.grad(h_ref.square().sum(), leaves_ref)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+
+
+def test_second_derivative_refused():
+    # The backward is compiled: a second derivative through it is an error, not a silent zero.
+    leaves = [t.detach().requires_grad_(True) for t in projections(2, 2, 40, 4, 4, seed=30)]
+    h, _ = cpp_mlstm.mlstm_sequence(*leaves, gates=GATES, chunk_size=16)
+    (dq,) = torch.autograd.grad(h.square().sum(), leaves[:1], create_graph=True)
+    # Marked, dq carries an error node; unmarked it would carry no graph, and a loss mixing it with other terms
+    # would take the mLSTM's second-order term as zero.
+    assert dq.requires_grad
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.sum().backward()
