@@ -337,8 +337,8 @@ void sums_backward_block(const Sums& p, int64_t b, Workspace& w) {
 //
 // For training the forward also keeps what the backward reads: each chunk's entering state, its scores and
 // the readout's q.n and denominator. The backward walks the chunks in reverse with the gradient of the
-// running state: each chunk's carry step backwards, then its core (chunk_backward), whose gradient of the
-// entering state is added to the carry's.
+// running state: each chunk's core backward (chunk_backward) and its carry step backwards, the entering
+// state's gradient the sum of the two.
 struct Sequence {
     Sizes s;  // blocks = rows (B * H), L = chunk size
     int64_t heads, T;
