@@ -1,4 +1,4 @@
-"""Build the C++ kernels (the sLSTM and LSTM loops and the mLSTM chunk steps, forward and backward; the
+"""Build the C++ kernels (the sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward; the
 mLSTM step, a step's linear maps and the xLSTM-7B block's whole step for generation; the SiLU gate,
 RMSNorm, the soft cap and the 7B cell's per-head norm times its output gate, one pass each way) once per machine and load them with ctypes.
 

@@ -568,10 +568,12 @@ Sequence sequence_call(const float* q, const float* k, const float* v, const int
     return p;
 }
 
-template <typename P>
-void run_blocks(const P& p, void (*block)(const P&, int64_t, Workspace&), bool backward, int64_t threads) {
+// p.s.blocks independent blocks (per-chunk blocks, or a Sequence's rows) over threads, each thread with its
+// own workspace W(p.s, backward).
+template <typename P, typename W>
+void run_blocks(const P& p, void (*block)(const P&, int64_t, W&), bool backward, int64_t threads) {
     xlstm_zoo::parallel_rows(p.s.blocks, threads, [&]() {
-        return [&p, block, w = Workspace(p.s, backward)](int64_t b) mutable { block(p, b, w); };
+        return [&p, block, w = W(p.s, backward)](int64_t b) mutable { block(p, b, w); };
     });
 }
 
@@ -597,9 +599,7 @@ void xlstm_zoo_mlstm_sequence_forward_f32(const float* q, const float* k, const 
     Sequence p = sequence_call(q, k, v, strides, log_i, log_f, batch, heads, T, L, Dk, Dv, scale, eps);
     p.C0 = C0, p.n0 = n0, p.m0 = m0, p.h = h, p.C = C, p.n = n, p.m = m;
     p.C_in = C_in, p.n_in = n_in, p.m_in = m_in, p.scores = scores, p.qn = qn, p.den = den;
-    xlstm_zoo::parallel_rows(p.s.blocks, threads, [&]() {
-        return [&p, w = SequenceWorkspace(p.s, false)](int64_t row) mutable { sequence_row(p, row, w); };
-    });
+    run_blocks(p, sequence_row, false, threads);
 }
 
 // The backward of a forward that kept C_in .. den; dC, dn, dm may be null (no gradient on the final state).
@@ -617,9 +617,7 @@ void xlstm_zoo_mlstm_sequence_backward_f32(const float* q, const float* k, const
     p.scores = const_cast<float*>(scores), p.qn = const_cast<float*>(qn), p.den = const_cast<float*>(den);
     p.dh = dh, p.dC = dC, p.dn = dn, p.dm = dm;
     p.dq = dq, p.dk = dk, p.dv = dv, p.dlog_i = dlog_i, p.dlog_f = dlog_f, p.dC0 = dC0, p.dn0 = dn0, p.dm0 = dm0;
-    xlstm_zoo::parallel_rows(p.s.blocks, threads, [&]() {
-        return [&p, w = SequenceWorkspace(p.s, true)](int64_t row) mutable { sequence_backward_row(p, row, w); };
-    });
+    run_blocks(p, sequence_backward_row, true, threads);
 }
 
 void xlstm_zoo_mlstm_chunk_backward_f32(const float* q, const float* k, const float* v, const float* log_i,
