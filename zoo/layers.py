@@ -13,7 +13,7 @@ from torch import nn
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import linear as cpp_linear
-from xlstm_zoo.backends.cpp.gated_activation import silu_gate
+from xlstm_zoo.backends.cpp.gated_activation import gelu_gate, silu_gate
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.config import AddedField, ZooConfig
 
@@ -144,5 +144,7 @@ class GatedMLP(nn.Module):
         u = self.up(x)
         if self.act is F.silu:  # one pass each way on the CPU (backends/cpp/gated_activation.py)
             return self.down(silu_gate(u))
+        if self.act is F.gelu:
+            return self.down(gelu_gate(u))
         gate, up = u.chunk(2, dim=-1)
         return self.down(self.act(gate) * up)

@@ -160,6 +160,8 @@ def _load(path: Path) -> ctypes.CDLL:
                            "mlstm7b_block_step_f32": [ptr],
                            "silu_gate_forward_f32": [ptr] * 2 + [i64] * 3,
                            "silu_gate_backward_f32": [ptr] * 3 + [i64] * 3,
+                           "gelu_gate_forward_f32": [ptr] * 2 + [i64] * 3,
+                           "gelu_gate_backward_f32": [ptr] * 3 + [i64] * 3,
                            "rms_norm_forward_f32": [ptr] * 5 + [i64] * 2 + [f32, i64],
                            "rms_norm_backward_f32": [ptr] * 7 + [i64] * 3,
                            "soft_cap_forward_f32": [ptr] * 2 + [i64] * 2 + [f32, i64],

@@ -74,6 +74,18 @@ inline T log_sigmoid(T x) {
 template <typename T>
 inline T sigmoid(T x) { return T(1) / (T(1) + vexp(-x)); }
 
+// The standard normal's distribution function Phi(x) = (1 + erf(x / sqrt 2)) / 2, for the exact GELU
+// x Phi(x). erf from Abramowitz & Stegun's formula 7.1.26 (absolute error below 1.5e-7, the same formula
+// that PyTorch's vectorised CPU erf uses), written with exp only so that the loops over units vectorise;
+// for x < 0 Phi is the tail itself, without the cancellation of 1 - erf.
+inline float normal_cdf(float x) {
+    const float z = std::fabs(x) * 0.70710678f, t = 1.0f / (1.0f + 0.3275911f * z);
+    const float series =
+        t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    const float tail = 0.5f * series * vexp(-z * z);  // (1 - erf(z)) / 2
+    return x < 0.0f ? tail : 1.0f - tail;
+}
+
 template <typename T, bool exponential>
 inline T log_gate(T pre) { return exponential ? pre : log_sigmoid(pre); }
 
