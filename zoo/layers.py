@@ -13,6 +13,7 @@ from torch import nn
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import linear as cpp_linear
+from xlstm_zoo.backends.cpp.causal_conv import causal_conv_silu, fused_conv_silu_applies
 from xlstm_zoo.backends.cpp.gated_activation import gelu_gate, silu_gate
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.config import AddedField, ZooConfig
@@ -90,9 +91,25 @@ class CausalConv1d(nn.Module):
     def init_state(self, batch: int, device=None) -> torch.Tensor:
         return torch.zeros(batch, self.kernel_size - 1, self.weight.shape[0], dtype=torch.float32, device=device)
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None,
+                silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y, new_state)``; with ``silu`` y is ``silu(conv(x))``, on the CPU in one pass each way
+        (backends/cpp/causal_conv.py)."""
         if state is None:
             state = self.init_state(x.shape[0], x.device)
+        if silu and fused_conv_silu_applies(x, state, self.weight, self.bias):
+            return causal_conv_silu(x, state, self.weight, self.bias), self._next_state(x, state)
+        y, new_state = self._conv(x, state)
+        return (F.silu(y) if silu else y), new_state
+
+    def _next_state(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """The last kernel_size - 1 inputs of [state, x] (a kernel of 1 keeps none)."""
+        keep = self.kernel_size - 1
+        if x.shape[1] >= keep:
+            return x[:, x.shape[1] - keep:].to(torch.float32, copy=True)  # not a view that would hold x
+        return torch.cat([state, x.float()], dim=1)[:, x.shape[1]:]
+
+    def _conv(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         window = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
         # A sum of K shifted products rather than F.conv1d: oneDNN's depthwise conv (and above all its
         # backward) costs several times more at these widths (1 thread: 0.57 -> 0.29 ms forward+backward

@@ -54,9 +54,7 @@ class PostUpBlock(Block):
         if state is None:
             state = self.init_state(x.shape[0])
         h = self.norm(x)
-        gate_in, conv_state = (h, None) if self.conv is None else self.conv(h, state.conv)
-        if self.conv is not None:
-            gate_in = F.silu(gate_in)
+        gate_in, conv_state = (h, None) if self.conv is None else self.conv(h, state.conv, silu=True)
         y, cell_state = self.cell(gate_in, state.cell, value_input=h)
         return self._out(x, y), ConvBlockState(cell_state, conv_state)
 

@@ -78,8 +78,7 @@ class PreUpBlock(Block):
         if state is None:
             state = self.init_state(x.shape[0])
         inner, z = self.up(self.norm(x)).chunk(2, dim=-1)
-        x_conv, conv_state = self.conv(inner, state.conv)
-        x_conv = F.silu(x_conv)
+        x_conv, conv_state = self.conv(inner, state.conv, silu=True)
         y, cell_state = self.cell(x_conv, state.cell, value_input=inner)
         return self._out(x, x_conv, z, y), ConvBlockState(cell_state, conv_state)
 

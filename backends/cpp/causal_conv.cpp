@@ -1,0 +1,126 @@
+// The conv blocks' causal depthwise convolution over time followed by SiLU, y = silu(s) with
+// s[b, t, c] = bias[c] + sum_k w[c, k] xw[b, t + k, c], where xw = [state, x] along time (the state holds
+// the K - 1 inputs before x). Forward and backward in one pass each (two for the backward: the input's
+// gradient at t needs the pre-activation's gradient at later steps). Eagerly that is K multiply-adds of
+// shifted views, a cat and the SiLU, each a pass over [B, T, C]; the backward twice as many.
+//
+// x is read through its row stride (the conv's input is often a half of the up-projection's output); the
+// state, the output and the gradients are contiguous. Work is split into blocks of kSteps time steps of
+// one sequence; the weight's and bias's gradients are summed per block, then over the blocks in order, so
+// the result does not depend on the thread count.
+
+#include "loops.h"
+
+XLSTM_ZOO_WIDE_VECTORS
+
+using namespace xlstm_zoo;
+
+namespace {
+
+constexpr int64_t kSteps = 64;
+
+struct Conv {
+    const float *x, *state, *w, *bias;  // w: [C, K] as the module holds it
+    int64_t x_stride, B, T, C, K;
+
+    int64_t time_blocks() const { return (T + kSteps - 1) / kSteps; }
+    // Row t + k of xw for sequence b: in the state for t + k < K - 1, else in x.
+    const float* window_row(int64_t b, int64_t i) const {
+        return i < K - 1 ? state + (b * (K - 1) + i) * C : x + (b * T + i - (K - 1)) * x_stride;
+    }
+    // w transposed to [K, C], so that the loops over channels read it contiguously.
+    std::vector<float> taps() const {
+        std::vector<float> wt(K * C);
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t k = 0; k < K; ++k) wt[k * C + c] = w[c * K + k];
+        return wt;
+    }
+    // s for step t of sequence b, into s[C].
+    void preactivation(const std::vector<float>& wt, int64_t b, int64_t t, float* __restrict s) const {
+        std::copy(bias, bias + C, s);
+        for (int64_t k = 0; k < K; ++k) {
+            const float *__restrict row = window_row(b, t + k), *__restrict tap = wt.data() + k * C;
+            XLSTM_ZOO_SIMD
+            for (int64_t c = 0; c < C; ++c) s[c] += tap[c] * row[c];
+        }
+    }
+    template <typename Body>
+    void over_blocks(int64_t threads, const Body& body) const {
+        if (B * T * C < kMinElementsForThreads) threads = 1;
+        parallel_rows(B * time_blocks(), threads, [&]() {
+            return [&, s = std::vector<float>(C)](int64_t block) mutable {
+                const int64_t b = block / time_blocks(), t0 = block % time_blocks() * kSteps;
+                body(block, b, t0, std::min(T, t0 + kSteps), s.data());
+            };
+        });
+    }
+};
+
+}  // namespace
+
+extern "C" void xlstm_zoo_causal_conv_silu_forward_f32(const float* x, int64_t x_stride, const float* state,
+                                                       const float* w, const float* bias, float* y, int64_t B,
+                                                       int64_t T, int64_t C, int64_t K, int64_t threads) {
+    const Conv conv{x, state, w, bias, x_stride, B, T, C, K};
+    const std::vector<float> wt = conv.taps();
+    conv.over_blocks(threads, [&](int64_t, int64_t b, int64_t first, int64_t end, float* s) {
+        for (int64_t t = first; t < end; ++t) {
+            conv.preactivation(wt, b, t, s);
+            float* __restrict yr = y + (b * T + t) * C;
+            XLSTM_ZOO_SIMD
+            for (int64_t c = 0; c < C; ++c) yr[c] = s[c] * sigmoid(s[c]);
+        }
+    });
+}
+
+// ds = dy silu'(s) (s recomputed), kept in ds [B, T, C]; then dxw[i] = sum_k w[k] ds[i - k] over the steps
+// i - k in [0, T): dx is dxw's last T rows, dstate (optional: null) its first K - 1.
+extern "C" void xlstm_zoo_causal_conv_silu_backward_f32(const float* x, int64_t x_stride, const float* state,
+                                                        const float* w, const float* bias, const float* dy,
+                                                        float* ds, float* dx, float* dstate, float* dw, float* db,
+                                                        int64_t B, int64_t T, int64_t C, int64_t K,
+                                                        int64_t threads) {
+    const Conv conv{x, state, w, bias, x_stride, B, T, C, K};
+    const std::vector<float> wt = conv.taps();
+    const int64_t blocks = B * conv.time_blocks();
+    std::vector<float> dwt_blocks(blocks * K * C, 0.0f), db_blocks(blocks * C, 0.0f);
+    conv.over_blocks(threads, [&](int64_t block, int64_t b, int64_t first, int64_t end, float* s) {
+        float *__restrict dwt = dwt_blocks.data() + block * K * C, *__restrict dbb = db_blocks.data() + block * C;
+        for (int64_t t = first; t < end; ++t) {
+            conv.preactivation(wt, b, t, s);
+            const float* __restrict dyr = dy + (b * T + t) * C;
+            float* __restrict dsr = ds + (b * T + t) * C;
+            XLSTM_ZOO_SIMD
+            for (int64_t c = 0; c < C; ++c) {
+                const float sig = sigmoid(s[c]);
+                dsr[c] = dyr[c] * sig * (1.0f + s[c] * (1.0f - sig));
+                dbb[c] += dsr[c];
+            }
+            for (int64_t k = 0; k < K; ++k) {
+                const float* __restrict row = conv.window_row(b, t + k);
+                float* __restrict dtap = dwt + k * C;
+                XLSTM_ZOO_SIMD
+                for (int64_t c = 0; c < C; ++c) dtap[c] += dsr[c] * row[c];
+            }
+        }
+    });
+    // dxw row i (i = K - 1 + t for x's step t, i < K - 1 for the state's rows).
+    auto input_gradient = [&](int64_t b, int64_t i, float* __restrict out) {
+        std::fill(out, out + C, 0.0f);
+        for (int64_t k = std::max<int64_t>(0, i - (T - 1)); k <= std::min(i, K - 1); ++k) {
+            const float *__restrict dsr = ds + (b * T + i - k) * C, *__restrict tap = wt.data() + k * C;
+            XLSTM_ZOO_SIMD
+            for (int64_t c = 0; c < C; ++c) out[c] += tap[c] * dsr[c];
+        }
+    };
+    conv.over_blocks(threads, [&](int64_t, int64_t b, int64_t first, int64_t end, float*) {
+        for (int64_t t = first; t < end; ++t) input_gradient(b, K - 1 + t, dx + (b * T + t) * C);
+        if (dstate && first == 0)
+            for (int64_t i = 0; i < K - 1; ++i) input_gradient(b, i, dstate + (b * (K - 1) + i) * C);
+    });
+    std::vector<float> dwt(K * C);
+    sum_block_partials(dwt_blocks, K * C, dwt.data());
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t k = 0; k < K; ++k) dw[c * K + k] = dwt[k * C + c];
+    sum_block_partials(db_blocks, C, db);
+}
