@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from xlstm_zoo.backends.cpp.head_norm_gate import fused_head_norm_applies, head_norm
 from xlstm_zoo.backends.cpp.rms_norm import fused_rms_norm_applies, rms_norm
 from xlstm_zoo.config import AddedField, BuildContext, ZooConfig
 from xlstm_zoo.registry import component
@@ -102,6 +103,12 @@ class MultiHeadLayerNorm(_Norm):
     def __init__(self, config: MultiHeadLayerNormConfig, ctx: BuildContext):
         ctx.require_divisible(ctx.dim, ctx.heads, field="heads")
         super().__init__(ctx.dim, ctx.heads, config.eps, centre=True, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # One compiled pass each way on float32 CPU tensors (backends/cpp/head_norm_gate.py); the same maths.
+        if fused_head_norm_applies(x, self.groups, self.weight, self.bias):
+            return head_norm(x, self.groups, self.weight, self.bias, self.eps)
+        return super().forward(x)
 
 
 @component("norm", "multihead_rmsnorm", config=MultiHeadRMSNormConfig,

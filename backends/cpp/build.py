@@ -169,7 +169,9 @@ def _load(path: Path) -> ctypes.CDLL:
                            "soft_cap_forward_f32": [ptr] * 2 + [i64] * 2 + [f32, i64],
                            "soft_cap_backward_f32": [ptr] * 3 + [i64] * 2 + [f32, i64],
                            "head_norm_gate_forward_f32": [ptr] * 7 + [i64] * 4 + [f32, i64],
-                           "head_norm_gate_backward_f32": [ptr] * 11 + [i64] * 5}.items():
+                           "head_norm_gate_backward_f32": [ptr] * 11 + [i64] * 5,
+                           "head_norm_forward_f32": [ptr] * 6 + [i64] * 3 + [f32, i64],
+                           "head_norm_backward_f32": [ptr] * 9 + [i64] * 4}.items():
         fn = getattr(lib, f"xlstm_zoo_{name}")
         fn.argtypes, fn.restype = argtypes, None
     return lib

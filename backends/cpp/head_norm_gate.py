@@ -1,9 +1,14 @@
-"""The 7B-layout mLSTM cell's output, ``LayerNorm per head(h) * weight (+ bias) * sigmoid(o)``, forward and
-backward in one compiled pass each (``head_norm_gate.cpp``) for float32 CPU tensors. ``h`` comes
-head-major from the mLSTM (``[B, H, T, D]``), the result leaves token-major (``[B, T, H*D]``).
-:class:`~xlstm_zoo.cells.mlstm.MLSTMCell` calls it where :func:`fused_head_norm_gate_applies`; everywhere
-else (other dtypes or devices, a step, other norms, under torch.compile, tracing or export, a forced
-backend, no C++ kernels) it keeps its PyTorch ops.
+"""The per-head LayerNorm in one compiled pass each way (``head_norm_gate.cpp``) for float32 CPU tensors:
+
+- :func:`head_norm_gate`, the 7B-layout mLSTM cell's output ``LayerNorm per head(h) * weight (+ bias) *
+  sigmoid(o)``. ``h`` comes head-major from the mLSTM (``[B, H, T, D]``), the result leaves token-major
+  (``[B, T, H*D]``). :class:`~xlstm_zoo.cells.mlstm.MLSTMCell` calls it where
+  :func:`fused_head_norm_gate_applies`.
+- :func:`head_norm`, the same norm without the gate on token-major ``[..., H*D]``: the
+  ``multihead_layernorm`` norm (the conv blocks' cell norm) calls it where :func:`fused_head_norm_applies`.
+
+Everywhere else (other dtypes or devices, a step, other norms, under torch.compile, tracing or export, a
+forced backend, no C++ kernels) the callers keep their PyTorch ops.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from torch.autograd.function import once_differentiable
 
 from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer
 
-__all__ = ["fused_head_norm_gate_applies", "head_norm_gate"]
+__all__ = ["fused_head_norm_applies", "fused_head_norm_gate_applies", "head_norm", "head_norm_gate"]
 
 
 def fused_head_norm_gate_applies(h: torch.Tensor, o: torch.Tensor, weight: torch.Tensor,
@@ -70,3 +75,53 @@ def head_norm_gate(h: torch.Tensor, o: torch.Tensor, weight: torch.Tensor, bias:
         return _HeadNormGate.apply(h, o, weight, bias, float(eps))
     return _forward(h.contiguous(), o.contiguous(), weight.contiguous(),
                     None if bias is None else bias.contiguous(), float(eps))[0]
+
+
+def fused_head_norm_applies(x: torch.Tensor, heads: int, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether :func:`head_norm` may run: ``x [..., H*D]`` with ``weight [H*D]``, float32 CPU."""
+    return (type(x) is torch.Tensor and x.dim() >= 1 and weight.shape == x.shape[-1:] and x.shape[-1] % heads == 0
+            and (bias is None or bias.shape == weight.shape) and direct_call_allowed(x, weight, bias))
+
+
+def _plain_forward(x, heads, weight, bias, eps):
+    rows = x.numel() // x.shape[-1]
+    y, mean, rstd = torch.empty_like(x), x.new_empty(rows, heads), x.new_empty(rows, heads)
+    library().xlstm_zoo_head_norm_forward_f32(
+        x.data_ptr(), weight.data_ptr(), pointer(bias), y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows,
+        heads, x.shape[-1] // heads, eps, torch.get_num_threads())
+    return y, mean, rstd
+
+
+class _HeadNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, heads, weight, bias, eps):
+        x, weight = x.contiguous(), weight.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        y, mean, rstd = _plain_forward(x, heads, weight, bias, eps)
+        ctx.heads = heads
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    @once_differentiable  # the backward is compiled: a second derivative would be silently wrong
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dy = dy.contiguous()  # held here: a temporary's pointer would dangle by the time of the call
+        dx, dw = torch.empty_like(x), torch.empty_like(weight)
+        db = None if bias is None else torch.empty_like(bias)
+        rows = x.numel() // x.shape[-1]
+        library().xlstm_zoo_head_norm_backward_f32(
+            x.data_ptr(), weight.data_ptr(), pointer(bias), mean.data_ptr(), rstd.data_ptr(), dy.data_ptr(),
+            dx.data_ptr(), dw.data_ptr(), pointer(db), rows, ctx.heads, x.shape[-1] // ctx.heads,
+            torch.get_num_threads())
+        return dx, None, dw, db, None
+
+
+def head_norm(x: torch.Tensor, heads: int, weight: torch.Tensor, bias: torch.Tensor | None,
+              eps: float) -> torch.Tensor:
+    """``LayerNorm_per_head(x) * weight (+ bias)`` for ``x [..., heads * D]``; only where
+    :func:`fused_head_norm_applies`."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _HeadNorm.apply(x, heads, weight, bias, float(eps))
+    return _plain_forward(x.contiguous(), heads, weight.contiguous(),
+                          None if bias is None else bias.contiguous(), float(eps))[0]

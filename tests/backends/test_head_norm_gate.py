@@ -1,6 +1,6 @@
-"""The 7B-layout mLSTM cell's output in C++ (``backends/cpp/head_norm_gate.cpp``): LayerNorm per head times
-sigmoid(o), values and gradients equal to the PyTorch ops, with and without a bias; thread-count
-independence; the cell's use of it and its fallbacks."""
+"""The per-head LayerNorm in C++ (``backends/cpp/head_norm_gate.cpp``): the 7B-layout mLSTM cell's output
+(LayerNorm per head times sigmoid(o)) and the ungated ``multihead_layernorm``, values and gradients equal
+to the PyTorch ops, with and without a bias; thread-count independence; their callers and fallbacks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from xlstm_zoo.backends.cpp import build
-from xlstm_zoo.backends.cpp.head_norm_gate import fused_head_norm_gate_applies, head_norm_gate
+from xlstm_zoo.backends.cpp.head_norm_gate import (fused_head_norm_applies, fused_head_norm_gate_applies, head_norm,
+                                                   head_norm_gate)
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.tolerances import assert_close
 
@@ -91,3 +92,65 @@ def test_the_7b_cell_uses_it_and_falls_back(monkeypatch):
     plain = model(tokens)[0]
     assert calls == [1]
     assert_close(fused, plain, kind="kernel", what="logits", dtype=torch.float32)
+
+
+def eager_plain(x, heads, w, b, eps):
+    n = F.layer_norm(x.unflatten(-1, (heads, -1)), (x.shape[-1] // heads,), eps=eps).flatten(-2) * w
+    return n if b is None else n + b
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape, heads", [((1, 5), 1), ((2, 7, 64), 4), ((3, 300, 128), 4), ((2, 5, 3, 24), 3)])
+def test_the_ungated_norm_equals_the_pytorch_ops(shape, heads, bias):
+    x = randn(*shape, scale=3).requires_grad_()
+    w = (1 + randn(shape[-1], seed=2)).requires_grad_()
+    b = randn(shape[-1], seed=3).requires_grad_() if bias else None
+    dy = randn(*shape, seed=9)
+    y = head_norm(x, heads, w, b, 1e-5)
+    wanted = [t for t in (x, w, b) if t is not None]
+    grads = torch.autograd.grad(y, wanted, dy)
+    ref = [t.detach().double().requires_grad_() for t in wanted]
+    y_ref = eager_plain(ref[0], heads, ref[1], ref[2] if bias else None, 1e-5)
+    ref_grads = torch.autograd.grad(y_ref, ref, dy.double())
+    assert_close(y, y_ref, kind="kernel", what="y", dtype=torch.float32)
+    for name, got, want in zip(("x", "w", "b"), grads, ref_grads):
+        assert_close(got, want, kind="kernel", what=f"d{name}", dtype=torch.float32)
+    with torch.no_grad():
+        assert torch.equal(head_norm(x, heads, w, b, 1e-5), y.detach())
+
+
+def test_the_ungated_norm_gives_the_same_bits_on_any_thread_count():
+    x, b = randn(2, 200, 64).requires_grad_(), randn(64, seed=3).requires_grad_()
+    w = (1 + randn(64, seed=2)).requires_grad_()
+    dy = randn(2, 200, 64, seed=9)
+    results, threads = [], torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            y = head_norm(x, 4, w, b, 1e-5)
+            results.append((y, *torch.autograd.grad(y, (x, w, b), dy)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(p, q) for p, q in zip(results[0], other))
+
+
+def test_the_multihead_layernorm_uses_it_and_falls_back(monkeypatch):
+    import xlstm_zoo.norms as norms
+    from xlstm_zoo.config import BuildContext
+    norm = norms.MultiHeadLayerNorm(norms.MultiHeadLayerNormConfig(bias=True), BuildContext(dim=32, heads=4))
+    with torch.no_grad():
+        norm.weight.copy_(1 + randn(32, seed=1))
+        norm.bias.copy_(randn(32, seed=2))
+    x = randn(2, 6, 32, seed=3)
+    assert fused_head_norm_applies(x, 4, norm.weight, norm.bias)
+    assert not fused_head_norm_applies(x.double(), 4, norm.weight.double(), norm.bias.double())
+    assert not fused_head_norm_applies(x[..., :30], 4, norm.weight, norm.bias)
+    calls = []
+    monkeypatch.setattr(norms, "head_norm", lambda *args: calls.append(1) or head_norm(*args))
+    fused = norm(x)
+    assert calls == [1]
+    monkeypatch.setenv(ENV_FORCE, "reference")  # a forced backend: the PyTorch ops
+    plain = norm(x)
+    assert calls == [1]
+    assert_close(fused, plain, kind="kernel", what="y", dtype=torch.float32)
