@@ -25,6 +25,8 @@
 #include "block_gemm.h"
 #include "loops.h"
 
+XLSTM_ZOO_WIDE_VECTORS
+
 namespace {
 
 using namespace xlstm_zoo;
