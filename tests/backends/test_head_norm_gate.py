@@ -150,6 +150,9 @@ def test_the_multihead_layernorm_uses_it_and_falls_back(monkeypatch):
     monkeypatch.setattr(norms, "head_norm", lambda *args: calls.append(1) or head_norm(*args))
     fused = norm(x)
     assert calls == [1]
+    one_head = norms.MultiHeadLayerNorm(norms.MultiHeadLayerNormConfig(), BuildContext(dim=32, heads=1))
+    one_head(x)  # one head: torch's fused layer_norm, faster there
+    assert calls == [1]
     monkeypatch.setenv(ENV_FORCE, "reference")  # a forced backend: the PyTorch ops
     plain = norm(x)
     assert calls == [1]
