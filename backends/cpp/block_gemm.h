@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=fast")  // a + b * c as one fused multiply-add (Clang contracts by default)
@@ -53,6 +54,30 @@ inline void column_block(int M, int K, const float* A, int lda, const float* B, 
     for (; i < M; ++i) tile<TransA, 1, NV>(K, A, lda, B, ldb, C, ldc, accumulate, i, j0);
 }
 
+// Rows i0..i0+MR of the last `width` (< 16) columns of C, from B's columns copied into `panel` [K, 16]
+// (zeros beyond `width`): C's values go through a 16-wide row buffer, so every product is a vector one.
+template <bool TransA, int MR>
+inline void remainder_tile(int K, const float* A, int lda, const float* panel, float* C, int ldc, bool accumulate,
+                           int i0, int j0, int width) {
+    vfloat acc[MR];
+    for (int r = 0; r < MR; ++r) {
+        float row[kLanes] = {};
+        if (accumulate)
+            for (int c = 0; c < width; ++c) row[c] = C[int64_t(i0 + r) * ldc + j0 + c];
+        acc[r] = vload(row);
+    }
+    for (int k = 0; k < K; ++k) {
+        const vfloat b = vload(panel + int64_t(k) * kLanes);
+        for (int r = 0; r < MR; ++r)
+            acc[r] += (TransA ? A[int64_t(k) * lda + i0 + r] : A[int64_t(i0 + r) * lda + k]) * b;
+    }
+    for (int r = 0; r < MR; ++r) {
+        float row[kLanes];
+        vstore(row, acc[r]);
+        for (int c = 0; c < width; ++c) C[int64_t(i0 + r) * ldc + j0 + c] = row[c];
+    }
+}
+
 // C [M, N] (+)= op(A) B with B [K, N].
 template <bool TransA>
 void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
@@ -61,13 +86,18 @@ void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, 
     for (; j + 4 * kLanes <= N; j += 4 * kLanes) column_block<TransA, 4>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
     for (; j + 2 * kLanes <= N; j += 2 * kLanes) column_block<TransA, 2>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
     for (; j + kLanes <= N; j += kLanes) column_block<TransA, 1>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
-    for (; j < N; ++j)  // the last N % 16 columns
-        for (int i = 0; i < M; ++i) {
-            float sum = accumulate ? C[int64_t(i) * ldc + j] : 0.0f;
-            for (int k = 0; k < K; ++k)
-                sum += (TransA ? A[int64_t(k) * lda + i] : A[int64_t(i) * lda + k]) * B[int64_t(k) * ldb + j];
-            C[int64_t(i) * ldc + j] = sum;
-        }
+    if (j == N) return;
+    // The last N % 16 columns (a tail chunk shorter than the chunk size, heads of other than 16k features):
+    // as vector products over a zero-padded copy of B's columns; a scalar loop here took most of the time
+    // of short sequences (the quick grids' mLSTM op, L = 12-28 tokens).
+    const int width = N - j;
+    thread_local std::vector<float> panel;
+    panel.assign(size_t(K) * kLanes, 0.0f);
+    for (int k = 0; k < K; ++k)
+        for (int c = 0; c < width; ++c) panel[size_t(k) * kLanes + c] = B[int64_t(k) * ldb + j + c];
+    int i = 0;
+    for (; i + 4 <= M; i += 4) remainder_tile<TransA, 4>(K, A, lda, panel.data(), C, ldc, accumulate, i, j, width);
+    for (; i < M; ++i) remainder_tile<TransA, 1>(K, A, lda, panel.data(), C, ldc, accumulate, i, j, width);
 }
 
 // Row-major C [M, N] (+)= op(A) op(B), op(A) [M, K], op(B) [K, N]; ld* are row strides. A transposed B
