@@ -61,3 +61,26 @@ def test_forced_backends_half_precision_and_wide_blockdiag_use_the_op(monkeypatc
     heads = LSTMCell(LSTMCellConfig(recurrent="blockdiag", num_heads=4), BuildContext(dim=wide))
     assert not heads._aten_eligible(torch.zeros(1, 2, wide), None)
     assert LSTMCell(LSTMCellConfig(), BuildContext(dim=wide))._aten_eligible(torch.zeros(1, 2, wide), None)
+
+
+def test_block_diagonal_cells_of_64_units_or_more_take_the_cpp_loops_in_float32():
+    from xlstm_zoo.backends.cpp import build
+    if build.unavailable_reason() is not None:
+        pytest.skip("needs the C++ kernels built")
+    config = dict(recurrent="blockdiag", num_heads=4)
+    torch.manual_seed(0)
+    cell = LSTMCell(LSTMCellConfig(**config), BuildContext(dim=64))
+    ref = LSTMCell(LSTMCellConfig(backend="reference", **config), BuildContext(dim=64))
+    ref.load_state_dict(cell.state_dict())
+    x, v = torch.randn(2, 30, 64, requires_grad=True), torch.randn(2, 30, 64, requires_grad=True)
+    assert not cell._aten_eligible(x, v)  # the op, whose CPU backend is the C++ loops
+    assert cell.double()._aten_eligible(x.double(), v.double())  # float64: torch's LSTM, as before
+    cell.float()
+    narrow = LSTMCell(LSTMCellConfig(**config), BuildContext(dim=32))
+    assert narrow._aten_eligible(torch.zeros(2, 30, 32), None)  # narrower: torch's LSTM is faster there
+    (y, s), (y_ref, s_ref) = cell(x, value_input=v), ref(x, value_input=v)
+    assert_close(y, y_ref, kind="kernel", what="h", dtype=torch.float32)
+    grads = torch.autograd.grad(y.sin().sum() + s.c.sum(), [x, v, cell.R])
+    grads_ref = torch.autograd.grad(y_ref.sin().sum() + s_ref.c.sum(), [x, v, ref.R])
+    for name, a, b in zip(["x", "value_input", "R"], grads, grads_ref):
+        assert_close(a, b, kind="kernel", what=f"grad {name}", dtype=torch.float32)

@@ -22,6 +22,11 @@ from xlstm_zoo.registry import component
 # Above this width a block-diagonal recurrence stays on the op: torch's LSTM has only a full recurrent
 # matrix, so the zeros between heads cost heads-times the recurrent matmul work.
 ATEN_MAX_BLOCKDIAG_DIM = 256
+# Where the op's C++ loops serve (float32 on the CPU, the library built), a block-diagonal cell of at least
+# LOOP_MIN_DIM units takes them from this width down too: 4 heads with a value input (the LSTM block),
+# B=4 T=1024 d=128, forward 15.7 -> 10.0 ms and forward+backward 53.6 -> 27.0 ms; B=16 T=256 d=256 32.2 ->
+# 22.0 and 110.8 -> 65.6 ms; at d=64 the two are on par, at d=32 torch's is ahead (B=32 T=20: 0.46 vs
+# 0.77 ms forward), so narrower cells stay on it (Intel Xeon, 2 threads; docs/performance.md).
 # A one-head float32 cell on the CPU with at most LOOP_MAX_BATCH rows of at least LOOP_MIN_DIM units runs
 # our C++ loop on a time-major input projection (see _loop_sequence) rather than torch's LSTM. There the
 # per-token work is small and oneDNN's per-step cost shows: B=4 T=1024 d=128 forward+backward 25 vs 31.6 ms,
@@ -72,11 +77,17 @@ class LSTMCell(Cell):
 
     def _aten_eligible(self, x, value_input) -> bool:
         """fp32/fp64, no forced backend (config or XLSTM_ZOO_BACKEND), one head or a small block-diagonal
-        recurrence: torch's fused LSTM (oneDNN on CPU) computes this cell, faster than a loop over time."""
+        recurrence (narrower than LOOP_MIN_DIM where the C++ loops serve): torch's fused LSTM (oneDNN on
+        CPU) computes this cell, faster than a loop over time."""
         return (self.config.backend is None and not os.environ.get(ENV_FORCE) and x.dim() == 3
                 and not torch.is_autocast_enabled(x.device.type)  # autocast would run torch.lstm in bf16
-                and (self.num_heads == 1 or self.out_dim <= ATEN_MAX_BLOCKDIAG_DIM)
+                and (self.num_heads == 1 or self._blockdiag_on_aten(x))
                 and x.dtype in (torch.float32, torch.float64) and x.dtype == self.R.dtype)
+
+    def _blockdiag_on_aten(self, x) -> bool:
+        if self.out_dim > ATEN_MAX_BLOCKDIAG_DIM:
+            return False
+        return self.out_dim < LOOP_MIN_DIM or not direct_call_allowed(x, self.R)  # (see LOOP_MIN_DIM above)
 
     def _aten_weights(self, value_input):
         """torch.lstm's (w_ih, w_hh, b_ih), joined at compute time from our parameters (which, and their
