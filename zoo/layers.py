@@ -13,6 +13,7 @@ from torch import nn
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import linear as cpp_linear
+from xlstm_zoo.backends.cpp.block_diagonal import block_diagonal_linear, fused_block_diagonal_applies
 from xlstm_zoo.backends.cpp.causal_conv import causal_conv_silu, fused_conv_silu_applies
 from xlstm_zoo.backends.cpp.gated_activation import gelu_gate, silu_gate
 from xlstm_zoo.backends.dispatch import ENV_FORCE
@@ -32,6 +33,10 @@ class BlockDiagonalLinear(nn.Module):
         nn.init.normal_(self.weight, std=(in_features // blocks) ** -0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Small square blocks (the NeurIPS mLSTM's 4 x 4): one compiled pass each way on float32 CPU tensors
+        # (backends/cpp/block_diagonal.py), where the einsum is a batched matmul of tiny blocks.
+        if fused_block_diagonal_applies(x, self.weight, self.bias):
+            return block_diagonal_linear(x, self.weight, self.bias)
         xb = x.reshape(*x.shape[:-1], self.blocks, -1)
         y = torch.einsum("...bi,bio->...bo", xb, self.weight).flatten(-2)
         return y + self.bias if self.bias is not None else y

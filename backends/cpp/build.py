@@ -31,7 +31,7 @@ from xlstm_zoo.backends.dispatch import ENV_FORCE
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp", HERE / "mlstm_step.cpp",
            HERE / "linear_step.cpp", HERE / "block_step.cpp", HERE / "gated_activation.cpp", HERE / "rms_norm.cpp",
-           HERE / "soft_cap.cpp", HERE / "head_norm_gate.cpp", HERE / "causal_conv.cpp")
+           HERE / "soft_cap.cpp", HERE / "head_norm_gate.cpp", HERE / "causal_conv.cpp", HERE / "block_diagonal.cpp")
 HEADERS = (HERE / "loops.h", HERE / "block_gemm.h", HERE / "linear_rows.h", HERE / "mlstm_step.h")
 LIBRARY = "libxlstm_zoo_loops.so"
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
@@ -164,6 +164,8 @@ def _load(path: Path) -> ctypes.CDLL:
                            "gelu_gate_backward_f32": [ptr] * 3 + [i64] * 3,
                            "causal_conv_silu_forward_f32": [ptr, i64] + [ptr] * 4 + [i64] * 5,
                            "causal_conv_silu_backward_f32": [ptr, i64] + [ptr] * 9 + [i64] * 5,
+                           "block_diagonal_forward_f32": [ptr] * 4 + [i64] * 4,
+                           "block_diagonal_backward_f32": [ptr] * 6 + [i64] * 4,
                            "rms_norm_forward_f32": [ptr] * 5 + [i64] * 2 + [f32, i64],
                            "rms_norm_backward_f32": [ptr] * 7 + [i64] * 3,
                            "soft_cap_forward_f32": [ptr] * 2 + [i64] * 2 + [f32, i64],

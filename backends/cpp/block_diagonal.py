@@ -1,0 +1,70 @@
+"""A block-diagonal linear map with small square blocks (2, 4, 8 or 16 features: the NeurIPS mLSTM's q/k/v
+projections have 4), forward and backward in one compiled pass each (``block_diagonal.cpp``) for float32
+CPU tensors. :class:`xlstm_zoo.layers.BlockDiagonalLinear` calls it where :func:`fused_block_diagonal_applies`;
+everywhere else (other block shapes, dtypes or devices, under torch.compile, tracing or export, a forced
+backend, no C++ kernels) it keeps its einsum.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer
+
+__all__ = ["block_diagonal_linear", "fused_block_diagonal_applies"]
+
+BLOCK_SIZES = (2, 4, 8, 16)
+LANES = 16  # the kernel's vector width: a row holds whole vectors
+
+
+def fused_block_diagonal_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether :func:`block_diagonal_linear` may run: ``weight [blocks, S, S]`` with S in BLOCK_SIZES,
+    ``x [..., blocks * S]`` with that a multiple of 16."""
+    if type(x) is not torch.Tensor or weight.dim() != 3 or x.dim() < 1:
+        return False
+    blocks, s_in, s_out = weight.shape
+    width = blocks * s_in
+    return (s_in == s_out and s_in in BLOCK_SIZES and x.shape[-1] == width and width % LANES == 0
+            and (bias is None or bias.shape == (width,)) and direct_call_allowed(x, weight, bias))
+
+
+def _forward(x, weight, bias):
+    width = x.shape[-1]
+    y = torch.empty_like(x)
+    library().xlstm_zoo_block_diagonal_forward_f32(x.data_ptr(), weight.data_ptr(), pointer(bias), y.data_ptr(),
+                                                   x.numel() // width, width, weight.shape[1],
+                                                   torch.get_num_threads())
+    return y
+
+
+class _BlockDiagonal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x, weight = x.contiguous(), weight.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight)
+        return _forward(x, weight, bias)
+
+    @staticmethod
+    @once_differentiable  # the backward is compiled: a second derivative would be silently wrong
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dy = dy.contiguous()  # held here: a temporary's pointer would dangle by the time of the call
+        dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        dw = torch.empty_like(weight)
+        db = x.new_empty(x.shape[-1]) if ctx.has_bias else None
+        width = x.shape[-1]
+        library().xlstm_zoo_block_diagonal_backward_f32(
+            x.data_ptr(), weight.data_ptr(), dy.data_ptr(), pointer(dx), dw.data_ptr(), pointer(db),
+            x.numel() // width, width, weight.shape[1], torch.get_num_threads())
+        return dx, dw, db
+
+
+def block_diagonal_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``y[..., b*S + o] = sum_i x[..., b*S + i] weight[b, i, o] (+ bias)``; only where
+    :func:`fused_block_diagonal_applies`."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _BlockDiagonal.apply(x, weight, bias)
+    return _forward(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous())
