@@ -50,13 +50,14 @@ std::vector<float> lane_weights(const float* W, int64_t width, bool transpose) {
     return wide;
 }
 
+// x's rows are x_stride floats apart (a half of a wider tensor qualifies); y's are contiguous.
 template <int S>
-__attribute__((noinline)) void map_rows(const float* x, const float* wide, const float* bias, float* y, int64_t first,
-                                        int64_t end, int64_t width) {
+__attribute__((noinline)) void map_rows(const float* x, int64_t x_stride, const float* wide, const float* bias,
+                                        float* y, int64_t first, int64_t end, int64_t width) {
     vint masks[S];
     for (int i = 0; i < S; ++i) masks[i] = spread_mask<S>(i);
     for (int64_t n = first; n < end; ++n) {
-        const float* xr = x + n * width;
+        const float* xr = x + n * x_stride;
         float* yr = y + n * width;
         for (int64_t j = 0; j < width; j += kLanes) {
             const vfloat xv = vload(xr + j);
@@ -69,12 +70,12 @@ __attribute__((noinline)) void map_rows(const float* x, const float* wide, const
 
 // Adds this block of rows' dW (as wide rows: dw_wide[i * width + b*S + o]) and dbias.
 template <int S>
-__attribute__((noinline)) void weight_gradient_rows(const float* x, const float* dy, float* dw_wide, float* dbias,
-                                                    int64_t first, int64_t end, int64_t width) {
+__attribute__((noinline)) void weight_gradient_rows(const float* x, int64_t x_stride, const float* dy, float* dw_wide,
+                                                    float* dbias, int64_t first, int64_t end, int64_t width) {
     vint masks[S];
     for (int i = 0; i < S; ++i) masks[i] = spread_mask<S>(i);
     for (int64_t n = first; n < end; ++n) {
-        const float *xr = x + n * width, *dyr = dy + n * width;
+        const float *xr = x + n * x_stride, *dyr = dy + n * width;
         for (int64_t j = 0; j < width; j += kLanes) {
             const vfloat xv = vload(xr + j), dv = vload(dyr + j);
             for (int i = 0; i < S; ++i) {
@@ -87,24 +88,24 @@ __attribute__((noinline)) void weight_gradient_rows(const float* x, const float*
 }
 
 template <int S>
-void forward(const float* x, const float* W, const float* bias, float* y, int64_t rows, int64_t width,
-             int64_t threads) {
+void forward(const float* x, int64_t x_stride, const float* W, const float* bias, float* y, int64_t rows,
+             int64_t width, int64_t threads) {
     const std::vector<float> wide = lane_weights<S>(W, width, false);
     over_row_blocks(rows, width, threads, [&](int64_t first, int64_t end, int64_t) {
-        map_rows<S>(x, wide.data(), bias, y, first, end, width);
+        map_rows<S>(x, x_stride, wide.data(), bias, y, first, end, width);
     });
 }
 
 template <int S>
-void backward(const float* x, const float* W, const float* dy, float* dx, float* dW, float* dbias, int64_t rows,
-              int64_t width, int64_t threads) {
+void backward(const float* x, int64_t x_stride, const float* W, const float* dy, float* dx, float* dW, float* dbias,
+              int64_t rows, int64_t width, int64_t threads) {
     const std::vector<float> wide_t = lane_weights<S>(W, width, true);
     const int64_t blocks = row_blocks(rows), per_block = (S + (dbias ? 1 : 0)) * width;
     std::vector<float> partials(blocks * per_block, 0.0f);
     over_row_blocks(rows, width, threads, [&](int64_t first, int64_t end, int64_t block) {
-        if (dx) map_rows<S>(dy, wide_t.data(), nullptr, dx, first, end, width);
+        if (dx) map_rows<S>(dy, width, wide_t.data(), nullptr, dx, first, end, width);
         float* mine = partials.data() + block * per_block;
-        weight_gradient_rows<S>(x, dy, mine, dbias ? mine + S * width : nullptr, first, end, width);
+        weight_gradient_rows<S>(x, x_stride, dy, mine, dbias ? mine + S * width : nullptr, first, end, width);
     });
     std::vector<float> sums(per_block);
     sum_block_partials(partials, per_block, sums.data());
@@ -116,25 +117,27 @@ void backward(const float* x, const float* W, const float* dy, float* dx, float*
 
 }  // namespace
 
-// x, y [rows, width], W [width / S, S, S], bias [width] or null; width a multiple of 16, S in {2, 4, 8, 16}.
-extern "C" void xlstm_zoo_block_diagonal_forward_f32(const float* x, const float* W, const float* bias, float* y,
-                                                     int64_t rows, int64_t width, int64_t S, int64_t threads) {
+// x [rows, width] with rows x_stride floats apart, y [rows, width], W [width / S, S, S], bias [width] or null;
+// width a multiple of 16, S in {2, 4, 8, 16}.
+extern "C" void xlstm_zoo_block_diagonal_forward_f32(const float* x, int64_t x_stride, const float* W,
+                                                     const float* bias, float* y, int64_t rows, int64_t width,
+                                                     int64_t S, int64_t threads) {
     switch (S) {
-        case 2: return forward<2>(x, W, bias, y, rows, width, threads);
-        case 4: return forward<4>(x, W, bias, y, rows, width, threads);
-        case 8: return forward<8>(x, W, bias, y, rows, width, threads);
-        case 16: return forward<16>(x, W, bias, y, rows, width, threads);
+        case 2: return forward<2>(x, x_stride, W, bias, y, rows, width, threads);
+        case 4: return forward<4>(x, x_stride, W, bias, y, rows, width, threads);
+        case 8: return forward<8>(x, x_stride, W, bias, y, rows, width, threads);
+        case 16: return forward<16>(x, x_stride, W, bias, y, rows, width, threads);
     }
 }
 
-// dx (null: not wanted), dW, dbias (null: no bias) from dy [rows, width].
-extern "C" void xlstm_zoo_block_diagonal_backward_f32(const float* x, const float* W, const float* dy, float* dx,
-                                                      float* dW, float* dbias, int64_t rows, int64_t width, int64_t S,
-                                                      int64_t threads) {
+// dx (null: not wanted; contiguous), dW, dbias (null: no bias) from dy [rows, width] (contiguous).
+extern "C" void xlstm_zoo_block_diagonal_backward_f32(const float* x, int64_t x_stride, const float* W,
+                                                      const float* dy, float* dx, float* dW, float* dbias,
+                                                      int64_t rows, int64_t width, int64_t S, int64_t threads) {
     switch (S) {
-        case 2: return backward<2>(x, W, dy, dx, dW, dbias, rows, width, threads);
-        case 4: return backward<4>(x, W, dy, dx, dW, dbias, rows, width, threads);
-        case 8: return backward<8>(x, W, dy, dx, dW, dbias, rows, width, threads);
-        case 16: return backward<16>(x, W, dy, dx, dW, dbias, rows, width, threads);
+        case 2: return backward<2>(x, x_stride, W, dy, dx, dW, dbias, rows, width, threads);
+        case 4: return backward<4>(x, x_stride, W, dy, dx, dW, dbias, rows, width, threads);
+        case 8: return backward<8>(x, x_stride, W, dy, dx, dW, dbias, rows, width, threads);
+        case 16: return backward<16>(x, x_stride, W, dy, dx, dW, dbias, rows, width, threads);
     }
 }

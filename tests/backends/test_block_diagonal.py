@@ -48,6 +48,25 @@ def test_values_and_gradients_equal_the_einsum(blocks, size, lead, bias):
         assert torch.equal(block_diagonal_linear(x, w, b), y.detach())
 
 
+@pytest.mark.parametrize("view", ["half", "transposed"])
+def test_strided_inputs_are_read_in_place_or_copied(view):
+    wide = randn(3, 7, 128).requires_grad_()
+    # a half of a wider tensor (rows 128 apart, read in place); rows that do not merge (copied)
+    x = wide[..., :64] if view == "half" else wide[..., :64].transpose(0, 1)
+    w = randn(16, 4, 4, seed=1).requires_grad_()
+    dy = randn(*x.shape, seed=3)
+    y = block_diagonal_linear(x, w, None)
+    grads = torch.autograd.grad(y, (wide, w), dy)
+    wide_ref = wide.detach().double().requires_grad_()
+    x_ref = wide_ref[..., :64] if view == "half" else wide_ref[..., :64].transpose(0, 1)
+    w_ref = w.detach().double().requires_grad_()
+    y_ref = einsum_map(x_ref, w_ref, None)
+    grads_ref = torch.autograd.grad(y_ref, (wide_ref, w_ref), dy.double())
+    assert_close(y, y_ref, kind="kernel", what="y", dtype=torch.float32)
+    for name, got, want in zip(("x", "weight"), grads, grads_ref):
+        assert_close(got, want, kind="kernel", what=f"d{name}", dtype=torch.float32)
+
+
 def test_the_same_bits_on_any_thread_count():
     x, w = randn(600, 64).requires_grad_(), randn(16, 4, 4, seed=1).requires_grad_()
     b = randn(64, seed=2).requires_grad_()
