@@ -21,6 +21,8 @@
 
 #include "loops.h"
 
+XLSTM_ZOO_WIDE_VECTORS
+
 namespace {
 
 using namespace xlstm_zoo;
