@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer
+from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer, row_view
 
 __all__ = ["block_diagonal_linear", "fused_block_diagonal_applies"]
 
@@ -29,25 +29,12 @@ def fused_block_diagonal_applies(x: torch.Tensor, weight: torch.Tensor, bias: to
             and (bias is None or bias.shape == (width,)) and direct_call_allowed(x, weight, bias))
 
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """x as ``[rows, width]`` with contiguous features and its row stride, without a copy where the layout
-    allows one (a half of a wider tensor does: the NeurIPS block's value input)."""
-    width = x.shape[-1]
-    try:
-        flat = x.view(-1, width)
-    except RuntimeError:  # leading axes that do not merge
-        flat = x.contiguous().view(-1, width)
-    if flat.shape[0] > 1 and (flat.stride(1) != 1 or flat.stride(0) < width):
-        flat = flat.contiguous()
-    return flat, flat.stride(0) if flat.shape[0] > 1 else width
-
-
-def _forward(x, weight, bias):
-    flat, x_stride = _rows(x)
-    width = x.shape[-1]
-    y = x.new_empty(x.shape)
+def _forward(flat, x_stride, weight, bias):
+    """y ``[rows, width]`` for x's rows ``flat`` (:func:`row_view`: the NeurIPS block's value input, a half of
+    the up-projection's output, is read in place)."""
+    y = flat.new_empty(flat.shape)
     library().xlstm_zoo_block_diagonal_forward_f32(flat.data_ptr(), x_stride, weight.data_ptr(), pointer(bias),
-                                                   y.data_ptr(), flat.shape[0], width, weight.shape[1],
+                                                   y.data_ptr(), flat.shape[0], flat.shape[1], weight.shape[1],
                                                    torch.get_num_threads())
     return y
 
@@ -55,24 +42,24 @@ def _forward(x, weight, bias):
 class _BlockDiagonal(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
+        flat, x_stride = row_view(x)
         weight = weight.contiguous()
         bias = None if bias is None else bias.contiguous()
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight)
-        return _forward(x, weight, bias)
+        ctx.has_bias, ctx.x_shape, ctx.x_stride = bias is not None, x.shape, x_stride
+        ctx.save_for_backward(flat, weight)
+        return _forward(flat, x_stride, weight, bias).view(x.shape)
 
     @staticmethod
     @once_differentiable  # the backward is compiled: a second derivative would be silently wrong
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        flat, x_stride = _rows(x)
+        flat, weight = ctx.saved_tensors
         dy = dy.contiguous()  # held here: a temporary's pointer would dangle by the time of the call
-        dx = x.new_empty(x.shape) if ctx.needs_input_grad[0] else None
+        dx = flat.new_empty(ctx.x_shape) if ctx.needs_input_grad[0] else None
         dw = torch.empty_like(weight)
-        db = x.new_empty(x.shape[-1]) if ctx.has_bias else None
+        db = flat.new_empty(flat.shape[1]) if ctx.has_bias else None
         library().xlstm_zoo_block_diagonal_backward_f32(
-            flat.data_ptr(), x_stride, weight.data_ptr(), dy.data_ptr(), pointer(dx), dw.data_ptr(), pointer(db),
-            flat.shape[0], x.shape[-1], weight.shape[1], torch.get_num_threads())
+            flat.data_ptr(), ctx.x_stride, weight.data_ptr(), dy.data_ptr(), pointer(dx), dw.data_ptr(), pointer(db),
+            flat.shape[0], flat.shape[1], weight.shape[1], torch.get_num_threads())
         return dx, dw, db
 
 
@@ -81,4 +68,5 @@ def block_diagonal_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     :func:`fused_block_diagonal_applies`."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _BlockDiagonal.apply(x, weight, bias)
-    return _forward(x, weight.contiguous(), None if bias is None else bias.contiguous())
+    flat, x_stride = row_view(x)
+    return _forward(flat, x_stride, weight.contiguous(), None if bias is None else bias.contiguous()).view(x.shape)

@@ -1,6 +1,8 @@
 """Build the C++ kernels (the sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward; the
-mLSTM step, a step's linear maps and the xLSTM-7B block's whole step for generation; the SiLU gate,
-RMSNorm, the soft cap and the 7B cell's per-head norm times its output gate, one pass each way) once per machine and load them with ctypes.
+mLSTM step, a step's linear maps and the xLSTM-7B block's whole step for generation; the gated MLP's SiLU
+and GELU gates, RMSNorm, the soft cap, the per-head LayerNorm (with or without the 7B cell's output gate),
+the conv blocks' causal conv + SiLU and the block-diagonal map of small blocks, one pass each way) once per
+machine and load them with ctypes.
 
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
@@ -236,6 +238,21 @@ def loop_function(name: str, x) -> ctypes._CFuncPtr:
 def pointer(x) -> int | None:
     """A tensor's data pointer for the loops, or None (a null pointer: the loops read it as zeros)."""
     return None if x is None else x.data_ptr()
+
+
+def row_view(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x`` as ``[rows, features]`` with contiguous features and one stride between rows, and that stride:
+    the kernels that take a row stride read x in place where its layout allows (a half of a wider tensor
+    does), a contiguous copy otherwise."""
+    width = x.shape[-1]
+    try:
+        flat = x.view(-1, width)
+    except RuntimeError:  # leading axes that do not merge
+        flat = x.contiguous().view(-1, width)
+    rows = flat.shape[0]
+    if (width > 1 and flat.stride(1) != 1) or (rows > 1 and flat.stride(0) < width):
+        flat = flat.contiguous()
+    return flat, flat.stride(0) if rows > 1 else width
 
 
 def direct_call_allowed(*tensors: torch.Tensor | None) -> bool:

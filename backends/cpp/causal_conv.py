@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer
+from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer, row_view
 
 __all__ = ["causal_conv_silu", "fused_conv_silu_applies"]
 
@@ -19,43 +19,38 @@ def fused_conv_silu_applies(x: torch.Tensor, state: torch.Tensor, weight: torch.
     return type(x) is torch.Tensor and x.dim() == 3 and direct_call_allowed(x, state, weight, bias)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x with contiguous channels and batch rows one after the other (a half of a wider tensor qualifies)."""
-    B, T, C = x.shape
-    ok = x.stride(2) == 1 and x.stride(1) >= C and (B == 1 or x.stride(0) == T * x.stride(1))
-    return x if ok else x.contiguous()
-
-
-def _call(name: str, x, *args):
-    getattr(library(), f"xlstm_zoo_causal_conv_silu_{name}_f32")(x.data_ptr(), x.stride(1), *args)
-
-
-def _forward(x, state, weight, bias) -> torch.Tensor:
-    (B, T, C), K = x.shape, weight.shape[1]
-    y = x.new_empty(B, T, C)
-    _call("forward", x, state.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr(), B, T, C, K,
-          torch.get_num_threads())
+def _forward(x_rows, x_stride, x_shape, state, weight, bias) -> torch.Tensor:
+    """y ``[B, T, C]`` for x's rows ``x_rows`` (:func:`row_view`: the pre-up block's input, a half of the
+    up-projection's output, is read in place)."""
+    (B, T, C), K = x_shape, weight.shape[1]
+    y = x_rows.new_empty(B, T, C)
+    library().xlstm_zoo_causal_conv_silu_forward_f32(x_rows.data_ptr(), x_stride, state.data_ptr(), weight.data_ptr(),
+                                                     bias.data_ptr(), y.data_ptr(), B, T, C, K, torch.get_num_threads())
     return y
 
 
 class _ConvSilu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, state, weight, bias):
-        x, state, weight, bias = _rows(x), state.contiguous(), weight.contiguous(), bias.contiguous()
-        ctx.save_for_backward(x, state, weight, bias)
-        return _forward(x, state, weight, bias)
+        x_rows, x_stride = row_view(x)
+        state, weight, bias = state.contiguous(), weight.contiguous(), bias.contiguous()
+        ctx.x_shape, ctx.x_stride = x.shape, x_stride
+        ctx.save_for_backward(x_rows, state, weight, bias)
+        return _forward(x_rows, x_stride, x.shape, state, weight, bias)
 
     @staticmethod
     @once_differentiable  # the backward is compiled: a second derivative would be silently wrong
     def backward(ctx, dy):
-        x, state, weight, bias = ctx.saved_tensors
+        x_rows, state, weight, bias = ctx.saved_tensors
         dy = dy.contiguous()  # held here: a temporary's pointer would dangle by the time of the call
-        (B, T, C), K = x.shape, weight.shape[1]
-        ds, dx = x.new_empty(B, T, C), x.new_empty(B, T, C)
+        (B, T, C), K = ctx.x_shape, weight.shape[1]
+        ds, dx = x_rows.new_empty(B, T, C), x_rows.new_empty(B, T, C)
         dstate = torch.empty_like(state) if ctx.needs_input_grad[1] else None
         dw, db = torch.empty_like(weight), torch.empty_like(bias)
-        _call("backward", x, state.data_ptr(), weight.data_ptr(), bias.data_ptr(), dy.data_ptr(), ds.data_ptr(),
-              dx.data_ptr(), pointer(dstate), dw.data_ptr(), db.data_ptr(), B, T, C, K, torch.get_num_threads())
+        library().xlstm_zoo_causal_conv_silu_backward_f32(
+            x_rows.data_ptr(), ctx.x_stride, state.data_ptr(), weight.data_ptr(), bias.data_ptr(), dy.data_ptr(),
+            ds.data_ptr(), dx.data_ptr(), pointer(dstate), dw.data_ptr(), db.data_ptr(), B, T, C, K,
+            torch.get_num_threads())
         return dx, dstate, dw, db
 
 
@@ -64,4 +59,4 @@ def causal_conv_silu(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
     ``weight [C, K]``, ``bias [C]``; only where :func:`fused_conv_silu_applies`."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, state, weight, bias)):
         return _ConvSilu.apply(x, state, weight, bias)
-    return _forward(_rows(x), state.contiguous(), weight.contiguous(), bias.contiguous())
+    return _forward(*row_view(x), x.shape, state.contiguous(), weight.contiguous(), bias.contiguous())

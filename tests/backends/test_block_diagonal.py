@@ -112,3 +112,10 @@ def test_the_layer_uses_it_and_falls_back(monkeypatch):
     plain = layer(x)
     assert calls == [1]
     assert_close(fused, plain, kind="kernel", what="y", dtype=torch.float32)
+
+
+def test_one_row_with_strided_features_is_copied_not_misread():
+    wide, w = randn(1, 128), randn(16, 4, 4, seed=1)
+    x = wide[:, ::2]  # one row, features two apart: the kernel reads contiguous features only
+    assert_close(block_diagonal_linear(x, w, None), einsum_map(x.double(), w.double(), None), kind="kernel",
+                 what="y", dtype=torch.float32)

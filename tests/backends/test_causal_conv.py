@@ -81,6 +81,16 @@ def test_the_same_bits_on_any_thread_count():
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 
 
+@pytest.mark.parametrize("view", ["features two apart", "time-major"])
+def test_inputs_the_kernel_cannot_read_in_place_are_copied(view):
+    conv, ref = conv_pair(8, 4)
+    wide = randn(2, 5, 16, seed=2)
+    x = wide[..., ::2] if view == "features two apart" else wide[..., :8].transpose(0, 1).contiguous().transpose(0, 1)
+    with torch.no_grad():
+        assert_close(conv(x, None, silu=True)[0], ref(x.double(), None, silu=True)[0], kind="kernel", what="y",
+                     dtype=torch.float32)
+
+
 def test_the_next_state_is_a_copy_not_a_view_of_the_input():
     conv, _ = conv_pair(8, 4)
     x = randn(2, 10, 8)
