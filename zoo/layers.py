@@ -103,18 +103,20 @@ class CausalConv1d(nn.Module):
         if state is None:
             state = self.init_state(x.shape[0], x.device)
         if silu and fused_conv_silu_applies(x, state, self.weight, self.bias):
-            return causal_conv_silu(x, state, self.weight, self.bias), self._next_state(x, state)
-        y, new_state = self._conv(x, state)
-        return (F.silu(y) if silu else y), new_state
+            y = causal_conv_silu(x, state, self.weight, self.bias)
+        else:
+            y = self._conv(x, state)
+            y = F.silu(y) if silu else y
+        return y, self._next_state(x, state)
 
     def _next_state(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """The last kernel_size - 1 inputs of [state, x] (a kernel of 1 keeps none)."""
         keep = self.kernel_size - 1
         if x.shape[1] >= keep:
             return x[:, x.shape[1] - keep:].to(torch.float32, copy=True)  # not a view that would hold x
-        return torch.cat([state, x.float()], dim=1)[:, x.shape[1]:]
+        return torch.cat([state.to(x.dtype), x], dim=1)[:, x.shape[1]:].float()  # as the window rounds them
 
-    def _conv(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _conv(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         window = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
         # A sum of K shifted products rather than F.conv1d: oneDNN's depthwise conv (and above all its
         # backward) costs several times more at these widths (1 thread: 0.57 -> 0.29 ms forward+backward
@@ -123,7 +125,7 @@ class CausalConv1d(nn.Module):
         y = torch.addcmul(self.bias.to(x.dtype), window[:, :T], weight[:, 0])
         for k in range(1, self.kernel_size):
             y = torch.addcmul(y, window[:, k:k + T], weight[:, k])
-        return y, window[:, window.shape[1] - (self.kernel_size - 1):].float()  # (a kernel of 1 keeps no inputs)
+        return y
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         window = torch.cat([state.to(x_t.dtype), x_t.unsqueeze(1)], dim=1)  # [B, K, C]

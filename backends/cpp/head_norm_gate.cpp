@@ -33,7 +33,7 @@ void forward(const float* h, const float* o, const float* w, const float* b, flo
              int64_t rows, int64_t T, int64_t H, int64_t D, float eps, int64_t threads) {
     const Layout<gated> layout{T, H, D};
     const int64_t width = H * D;
-    // No bias reads zeros: a `b ? b[j] : 0` in the loops made GCC run them scalar (2x the time backward).
+    // No bias reads zeros, as in the backward, where a `b ? b[j] : 0` in the loop made GCC run it scalar.
     const std::vector<float> no_bias(b ? 0 : width, 0.0f);
     const float* bias = b ? b : no_bias.data();
     over_row_blocks(rows, width, threads, [&](int64_t first, int64_t end, int64_t) {

@@ -43,14 +43,15 @@ double tanh(double);
 #endif
 
 // The gated MLP's gates, RMSNorm, the soft cap, the head norm and gate, the causal conv, the block-diagonal
-// map and the LSTM and sLSTM loops start with XLSTM_ZOO_WIDE_VECTORS. GCC tunes several AVX-512 CPUs for 256-bit vectors (this Xeon,
-// which -march=native reads as rocketlake, among them) and then calls libmvec's 8-wide exp and tanh. With
-// 512-bit vectors, at the 7B layout's d=256 sizes, the soft cap ran 0.96 -> 0.49 ms, the SiLU gate 0.50 ->
-// 0.41 ms and the head norm and gate 0.34 -> 0.28 ms; the LSTM loops (B=4 T=1024 D=128, one thread) 7.8 ->
-// 6.3 ms forward, 23.7 -> 19.5 ms forward+backward; the sLSTM cell (B=4 T=1024 D=128, 4 heads, two
-// threads) 11.6-13.0 -> 10.5-11.0 ms forward, forward+backward unchanged. But with every file built so the
-// mLSTM chunk kernels were 6% slower, so only these files ask. It applies to functions defined after it: a loop inside a lambda handed to a template
-// declared earlier keeps the default width (so the soft cap's and the SiLU gate's loops are out-of-line
+// map and the LSTM and sLSTM loops start with XLSTM_ZOO_WIDE_VECTORS. GCC tunes several AVX-512 CPUs for
+// 256-bit vectors (this Xeon, which -march=native reads as rocketlake, among them) and then calls libmvec's
+// 8-wide exp and tanh. With 512-bit vectors, at the 7B layout's d=256 sizes, the soft cap ran 0.96 -> 0.49
+// ms, the SiLU gate 0.50 -> 0.41 ms and the head norm and gate 0.34 -> 0.28 ms; the LSTM loops (B=4 T=1024
+// D=128, one thread) 7.8 -> 6.3 ms forward, 23.7 -> 19.5 ms forward+backward; the sLSTM cell (B=4 T=1024
+// D=128, 4 heads, two threads) 11.6-13.0 -> 10.5-11.0 ms forward, forward+backward unchanged. But with
+// every file built so the mLSTM chunk kernels were 6% slower, so only these files ask. It applies to
+// functions defined after it: a loop inside a lambda handed to a template declared earlier keeps the
+// default width (so the soft cap's, the gated MLP's gates' and the causal conv's loops are out-of-line
 // functions).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
 #define XLSTM_ZOO_WIDE_VECTORS _Pragma("GCC target(\"prefer-vector-width=512\")")
