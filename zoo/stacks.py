@@ -126,6 +126,12 @@ class Stack(nn.Module):
         """One token; ``state=None`` means the zero state, as in :meth:`forward`."""
         if state is None:
             state = self.init_state(x_t.shape[0], x_t.device)
+        first = type(self.blocks[0])
+        run = getattr(first, "step_run", None) if all(type(block) is first for block in self.blocks) else None
+        stepped = run(list(self.blocks), x_t, state) if run is not None else None
+        if stepped is not None:  # the block type stepped the whole run at once
+            x_t, new_state = stepped
+            return self.post_norm(x_t), tuple(new_state)
         new_state = []
         for block, block_state in zip(self.blocks, state):
             x_t, block_state = block.step(x_t, block_state)

@@ -17,7 +17,7 @@ import torch
 from xlstm_zoo.backends.cpp.build import library
 from xlstm_zoo.backends.states import MLSTMState
 
-__all__ = ["BlockStepKernel", "BlockStepSizes", "BlockStepWeights"]
+__all__ = ["BlockStepKernel", "BlockStepSizes", "BlockStepWeights", "BoundStep", "blocks_step"]
 
 
 class BlockStepWeights(NamedTuple):
@@ -92,6 +92,29 @@ def _checked(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor
     return t.contiguous()
 
 
+class BoundStep(NamedTuple):
+    """One block's step ready to run: its arguments, the tensors they point into, and its outputs."""
+
+    args: _Args
+    inputs: tuple
+    y: torch.Tensor
+    state: MLSTMState
+
+
+def blocks_step(blocks: list[tuple[BlockStepKernel, MLSTMState, BlockStepWeights]],
+                x: torch.Tensor) -> tuple[torch.Tensor, list[MLSTMState]]:
+    """A stack's blocks in order, ``(kernel, state, weights)`` each, through one compiled call: each block
+    reads the output of the one before. Returns the last block's output and every block's new state; the
+    same as calling the kernels one by one, without re-entering Python between blocks."""
+    calls = []
+    for kernel, state, weights in blocks:
+        calls.append(kernel.bind(x, state, weights))
+        x = calls[-1].y
+    args = (_Args * len(calls))(*(call.args for call in calls))
+    library().xlstm_zoo_mlstm7b_blocks_step_f32(args, len(calls))
+    return x, [call.state for call in calls]
+
+
 class BlockStepKernel:
     """The compiled step of one block (one instance per block). The weights are checked (dtype, device,
     shape) when they are first seen, and again whenever one of them is a different tensor or storage; a
@@ -107,6 +130,12 @@ class BlockStepKernel:
     def __call__(self, x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights) -> tuple[torch.Tensor, MLSTMState]:
         """One token through the block: ``x [B, dim]`` and the cell's state -> ``y [B, dim]`` and the new
         state (new tensors; the state passed in is not modified)."""
+        call = self.bind(x, state, weights)
+        library().xlstm_zoo_mlstm7b_block_step_f32(ctypes.addressof(call.args))
+        return call.y, call.state
+
+    def bind(self, x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights) -> BoundStep:
+        """The call's arguments, with its outputs allocated, without running it (see :func:`blocks_step`)."""
         if x.dim() != 2:
             raise ValueError(f"mlstm7b_block_step: x must be [batch, dim], got {tuple(x.shape)}")
         B, dim = x.shape
@@ -118,7 +147,7 @@ class BlockStepKernel:
             contiguous = all(t is None or t.is_contiguous() for t in weights)
             self._weights_key = key if contiguous else None
         H, Dk, Dv = self.sizes.heads, self.sizes.qk_dim // self.sizes.heads, dim // self.sizes.heads
-        # Every operand bound to a name that outlives the call: a temporary's pointer would dangle.
+        # Every operand is held by the BoundStep: a temporary's pointer would dangle by the time of the call.
         x = _checked("x", x, (B, dim))
         C, n, m = (_checked(name, t, shape) for name, t, shape in
                    zip("Cnm", state, ((B, H, Dk, Dv), (B, H, Dk), (B, H))))
@@ -127,8 +156,7 @@ class BlockStepKernel:
         args.x, args.C, args.n, args.m = x.data_ptr(), C.data_ptr(), n.data_ptr(), m.data_ptr()
         args.y, args.C_out, args.n_out, args.m_out = y.data_ptr(), C_out.data_ptr(), n_out.data_ptr(), m_out.data_ptr()
         args.batch, args.threads = B, torch.get_num_threads()
-        library().xlstm_zoo_mlstm7b_block_step_f32(ctypes.addressof(args))
-        return y, MLSTMState(C_out, n_out, m_out)
+        return BoundStep(args, (x, C, n, m, self._weights), y, MLSTMState(C_out, n_out, m_out))
 
     def _prepare(self, dim: int, weights: BlockStepWeights) -> None:
         self._weights = self._check_weights(dim, weights)

@@ -85,6 +85,37 @@ def test_model_step_from_the_zero_state_equals_the_reference(monkeypatch):
             assert_close(a, e, kind="kernel", what="state", dtype=torch.float32)
 
 
+def test_a_stacks_blocks_step_in_one_call_bit_for_bit(monkeypatch):
+    """Stack.step hands a run of 7B blocks to MLSTM7BBlock.step_run: one compiled call for all of them, the
+    same bits as a call per block. A block the kernel does not serve sends the whole run back to per-block
+    steps."""
+    from xlstm_zoo.blocks import mlstm_7b
+    m = model("stack.pattern=mmm")
+    state = prefilled_state(m, 3)
+    x = torch.randn(3, DIM, generator=torch.Generator().manual_seed(4))
+    runs = []
+    real_run = mlstm_7b.blocks_step
+    monkeypatch.setattr(mlstm_7b, "blocks_step", lambda blocks, x: runs.append(len(blocks)) or real_run(blocks, x))
+    with torch.no_grad():
+        y, new_state = m.stack.step(x, state)
+        assert runs == [3]
+        block_by_block, expected_state = x, []
+        for block, block_state in zip(m.stack.blocks, state):
+            block_by_block, block_state = block.step(block_by_block, block_state)
+            expected_state.append(block_state)
+        assert torch.equal(y, m.stack.post_norm(block_by_block))
+        assert all(torch.equal(a, b) for got, want in zip(new_state, expected_state) for a, b in zip(got, want))
+
+        m.stack.blocks[2]._step_kernel = None  # as for a block with parts the kernel does not compute
+        runs.clear()
+        y_mixed, _ = m.stack.step(x, state)
+        assert runs == []
+        h = x
+        for block, block_state in zip(m.stack.blocks, state):  # blocks 0 and 1 through their kernels, 2 eagerly
+            h, _ = block.step(h, block_state)
+    assert torch.equal(y_mixed, m.stack.post_norm(h))
+
+
 def test_the_state_passed_in_is_not_modified():
     m = model()
     state = prefilled_state(m, 2)[0]

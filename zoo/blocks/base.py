@@ -46,6 +46,13 @@ class Block(nn.Module):
     def init_state(self, batch: int, device=None):
         return self.cell.init_state(batch, device)
 
+    @classmethod
+    def step_run(cls, blocks: list[Block], x_t: torch.Tensor, states: tuple) -> tuple[torch.Tensor, list] | None:
+        """A stack's blocks, all of this class, stepped together: ``(x_t after the last block, new states)``,
+        or None (the default) for one ``step`` per block. A block type overrides it where one call for the
+        whole run is faster than a call per block (:class:`~xlstm_zoo.blocks.mlstm_7b.MLSTM7BBlock`)."""
+        return None
+
     @property
     def step_input(self) -> tuple[str, int]:
         """What ``step`` takes, for export: ``("features", dim)`` (a vector ``[B, dim]``)."""
