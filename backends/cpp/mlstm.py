@@ -2,11 +2,13 @@
 its two per-chunk steps, forward and backward (``mlstm_chunk.cpp``), and the one-token step for generation
 (``mlstm_step.cpp``, no autograd).
 
-float32 inputs with at least one (batch, head) row per thread take the whole form (:func:`_sequence`): each
-row's chunks in order on one thread, the running state carried in cache, q/k/v read in place; with autograd
-its forward keeps each chunk's entering state and a compiled backward walks the chunks in reverse.
+float32 inputs with rows enough for the threads (at least one (batch, head) row per thread, or a single
+chunk, or half the threads busy with rows of small state: :func:`_sequence_kernel_serves`) take the whole
+form (:func:`_sequence`): each row's chunks in order on one thread, the running state carried in cache,
+q/k/v read in place; with autograd its forward keeps each chunk's entering state and a compiled backward
+walks the chunks in reverse.
 
-Otherwise (fewer rows than threads, half-precision inputs) the reference chunkwise form runs with two
+Otherwise (fewer rows, half-precision inputs) the reference chunkwise form runs with two
 compiled steps: :func:`chunk_sums` (each chunk's keys and values summed into a state) and :func:`chunk_core`
 (each chunk's outputs from its entering state), one thread per (batch-head, chunk) block, the block's
 matrices kept in cache, its small matrix products computed in place (``block_gemm.h``); gate preparation,
@@ -212,14 +214,26 @@ def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: f
     return h, MLSTMState(C, n, m)
 
 
+# Per-row state sizes (Dk * Dv) up to which one thread per row beats the per-chunk kernels on every thread
+# when at least half the threads get a row (measured with one row on 2 threads, T = 16-16384: one-call 1.3-5.6x
+# faster forward and 1.0-4.2x forward+backward at Dk = Dv = 16-128; at 256 the per-chunk kernels won
+# some cases by up to 1.2x).
+ONE_CALL_MAX_STATE = 128 * 128
+
+
 def _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates: GateSchemes, form: str, chunk_size) -> bool:
-    """float32 CPU tensors, the chunkwise form, at least one (batch, head) row per thread: with fewer, the
-    per-chunk kernels (which split the chunks over threads too) use more cores. Everything else (and every
-    bad input, for its error) goes the reference way."""
+    """float32 CPU tensors and the chunkwise form, with rows enough to keep the threads busy: at least one
+    (batch, head) row per thread; or a single chunk (the per-chunk kernels would split nothing more); or
+    at least half the threads busy with rows of at most :data:`ONE_CALL_MAX_STATE` (the per-chunk kernels
+    pay more in their own passes than the idle threads would give). Everything else (and every bad
+    input, for its error) goes the reference way."""
     tensors = (q, k, v, i_pre, f_pre, *(state if state is not None else ()))
-    return (form == "chunkwise" and type(chunk_size) is int and chunk_size >= 1 and set(gates) <= set(GATE_SCHEMES)
-            and _compiled(*tensors) and q.dim() == 4 and q.shape[2] > 0
-            and q.shape[0] * q.shape[1] >= torch.get_num_threads())
+    if not (form == "chunkwise" and type(chunk_size) is int and chunk_size >= 1 and set(gates) <= set(GATE_SCHEMES)
+            and _compiled(*tensors) and q.dim() == 4 and q.shape[2] > 0 and v.dim() == 4):
+        return False
+    rows, threads = q.shape[0] * q.shape[1], torch.get_num_threads()
+    return (rows >= threads or q.shape[2] <= chunk_size
+            or (2 * rows >= threads and q.shape[3] * v.shape[3] <= ONE_CALL_MAX_STATE))
 
 
 def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),

@@ -101,26 +101,36 @@ def test_contiguous_inputs_and_heads_first_layout():
     assert_matches_float64((q, k, v, i_pre, f_pre), None, GATES, 32)
 
 
-def test_runs_with_a_row_per_thread(monkeypatch):
+def test_runs_where_the_rows_keep_the_threads_busy(monkeypatch):
     calls = []
     original = cpp_mlstm.reference_sequence
     monkeypatch.setattr(cpp_mlstm, "reference_sequence", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     q, k, v, i_pre, f_pre = projections(2, 2, 64, 8, 8, seed=1)
+    one_row = [t[:1, :1] for t in (q, k, v, i_pre, f_pre)]
+    wide = projections(1, 1, 64, 160, 160, seed=2)  # a row's state over ONE_CALL_MAX_STATE
+    assert 160 * 160 > cpp_mlstm.ONE_CALL_MAX_STATE >= 8 * 8
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         with torch.no_grad():
             cpp_mlstm.mlstm_sequence(q, k, v, i_pre, f_pre, gates=GATES)  # 4 rows: the sequence kernel
+            cpp_mlstm.mlstm_sequence(*one_row, gates=GATES)  # 1 row, one chunk: nothing for the per-chunk kernels
+            cpp_mlstm.mlstm_sequence(*one_row, gates=GATES, chunk_size=16)  # 1 row, half the threads, small state
+            cpp_mlstm.mlstm_sequence(*wide, gates=GATES, chunk_size=64)  # one chunk, however wide
             assert calls == []
-            cpp_mlstm.mlstm_sequence(q[:1, :1], k[:1, :1], v[:1, :1], i_pre[:1, :1], f_pre[:1, :1], gates=GATES)
-            assert len(calls) == 1  # 1 row for 2 threads: the per-chunk kernels
-            cpp_mlstm.mlstm_sequence(q, k, v, i_pre, f_pre, gates=GATES, form="parallel")
+            cpp_mlstm.mlstm_sequence(*wide, gates=GATES, chunk_size=16)  # 4 chunks of a wide row: per-chunk kernels
+            assert len(calls) == 1
+            torch.set_num_threads(4)
+            cpp_mlstm.mlstm_sequence(*one_row, gates=GATES, chunk_size=16)  # 1 row for 4 threads: per-chunk
             assert len(calls) == 2
-            cpp_mlstm.mlstm_sequence(*(t.double() for t in (q, k, v, i_pre, f_pre)), gates=GATES)
+            torch.set_num_threads(2)
+            cpp_mlstm.mlstm_sequence(q, k, v, i_pre, f_pre, gates=GATES, form="parallel")
             assert len(calls) == 3
+            cpp_mlstm.mlstm_sequence(*(t.double() for t in (q, k, v, i_pre, f_pre)), gates=GATES)
+            assert len(calls) == 4
         leaf = q.detach().requires_grad_(True)
         h, _ = cpp_mlstm.mlstm_sequence(leaf, k, v, i_pre, f_pre, gates=GATES)  # a gradient wanted: compiled too
-        assert len(calls) == 3 and h.grad_fn.name() == "_CppSequenceBackward"
+        assert len(calls) == 4 and h.grad_fn.name() == "_CppSequenceBackward"
     finally:
         torch.set_num_threads(threads)
 
