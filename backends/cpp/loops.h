@@ -36,10 +36,12 @@ double tanh(double);
 }
 #define XLSTM_ZOO_SIMD _Pragma("omp simd")
 #define XLSTM_ZOO_SIMD_REDUCE(...) _Pragma(XLSTM_ZOO_STR(omp simd reduction(__VA_ARGS__)))
+#define XLSTM_ZOO_SIMD_REDUCE_TWO(first, second) _Pragma(XLSTM_ZOO_STR(omp simd reduction(first) reduction(second)))
 #define XLSTM_ZOO_STR(...) #__VA_ARGS__
 #else
 #define XLSTM_ZOO_SIMD
 #define XLSTM_ZOO_SIMD_REDUCE(...)
+#define XLSTM_ZOO_SIMD_REDUCE_TWO(first, second)
 #endif
 
 // The gated MLP's gates, RMSNorm, the soft cap, the head norm and gate, the causal conv, the block-diagonal
@@ -103,6 +105,20 @@ inline void silu_gate_row(const float* __restrict g, const float* __restrict up,
 template <typename T>
 inline T nan_max(T a, T b) {  // torch.maximum: NaN wins (written without calls, so it vectorises)
     return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a > b ? a : b);
+}
+
+// nan_max folded over x[0..n) from init. As a fold it runs scalar (each step tests for NaN); here the max of
+// the numbers and whether one was NaN are reduced apart, so the loop vectorises (a max in any order is the
+// same number, up to the sign of a zero).
+static inline float nan_max_over(const float* x, int64_t n, float init) {
+    float top = init;
+    int nan = init != init;
+    XLSTM_ZOO_SIMD_REDUCE_TWO(max : top, | : nan)
+    for (int64_t j = 0; j < n; ++j) {
+        top = x[j] > top ? x[j] : top;
+        nan |= x[j] != x[j];
+    }
+    return nan ? std::numeric_limits<float>::quiet_NaN() : top;
 }
 
 // g = w + h_prev R for one row: R is [D, 4D] row-major, so the inner loop is an axpy that vectorises.

@@ -52,10 +52,8 @@ void decay(const Sizes& s, const float* log_i, const float* log_f, float m0, flo
     for (int64_t t = 0; t < L; ++t) {
         acc += log_f[t];
         const float log_w0 = static_cast<float>(acc) + m0;
-        float row_max = kNegInf;
         float* xr = x + t * L;
-        for (int64_t c = 0; c <= t; ++c) row_max = xlstm_zoo::nan_max(row_max, xr[c]);
-        const float mt = xlstm_zoo::nan_max(row_max, log_w0);
+        const float mt = xlstm_zoo::nan_max(xlstm_zoo::nan_max_over(xr, t + 1, kNegInf), log_w0);
         m[t] = mt;
         float* dr = d + t * L;
         XLSTM_ZOO_SIMD

@@ -96,6 +96,23 @@ def test_strong_forgetting():
     assert_matches_float64(inputs, None, GATES, 64)
 
 
+@pytest.mark.parametrize("where", ["input gate", "forget gate"])
+def test_a_nan_gate_spoils_its_row_from_its_token_on(where):
+    # The row stabiliser is torch.maximum's max (NaN wins), here over vectorised rows of the decay matrix.
+    # The kernel walks the chunks in order, so a NaN reaches the tokens from its own on and that row's final
+    # state, nothing earlier and no other row. (The reference's chunk-parallel form spreads it to the whole
+    # row: its matrix products mix the NaN into the earlier chunks too.)
+    q, k, v, i_pre, f_pre = projections(2, 2, 150, 8, 8, seed=9)
+    gate = (i_pre if where == "input gate" else f_pre).clone()
+    gate[1, 0, 70] = float("nan")  # row (1, 0), in the second chunk of 64
+    inputs = (q, k, v, gate, f_pre) if where == "input gate" else (q, k, v, i_pre, gate)
+    with torch.no_grad():
+        h, final = cpp_mlstm.mlstm_sequence(*inputs, gates=GATES)
+    nan = h.isnan().any(-1)
+    assert nan[1, 0, 70:].all() and nan.sum() == 150 - 70
+    assert final.m.isnan().tolist() == [[False, False], [True, False]]
+
+
 def test_contiguous_inputs_and_heads_first_layout():
     q, k, v, i_pre, f_pre = (t.contiguous() for t in projections(2, 2, 96, 8, 8, seed=8))
     assert_matches_float64((q, k, v, i_pre, f_pre), None, GATES, 32)
