@@ -146,6 +146,9 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
 
     bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
     model.train()
+    # Listed once for the gradient clipping: model.parameters() walks every submodule each time (~0.1 ms
+    # of a quick-grid cell's 7 ms step).
+    parameters = list(model.parameters())
     tokens_seen, t0, last_loss = 0, time.perf_counter(), float("nan")
     safe, saved = start, start  # weights, optimizer and metrics.jsonl are exactly those after `safe` steps
     try:
@@ -170,7 +173,7 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
             if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_(parameters, cfg.grad_clip)
             with _interrupt_after_block():  # weights change: a Ctrl-C waits until this step is recorded
                 safe = None  # until the step is recorded; an exception in between (a second Ctrl-C) saves nothing
                 optimizer.step()
