@@ -25,14 +25,14 @@ typedef float vfloat_mem __attribute__((vector_size(kLanes * sizeof(float)), ali
 inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_mem*>(p); }
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_mem*>(p) = v; }
 
-// C[i0:i0+MR, j0:j0+16 NV] (+)= op(A) B, op(A) = A [M, K] or A^T for A [K, M].
+// C[i0:i0+MR, j0:j0+16 NV] = (beta C +) op(A) B, op(A) = A [M, K] or A^T for A [K, M].
 template <bool TransA, int MR, int NV>
 inline void tile(int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc, bool accumulate,
-                 int i0, int j0) {
+                 float beta, int i0, int j0) {
     vfloat acc[MR][NV];
     for (int r = 0; r < MR; ++r)
         for (int v = 0; v < NV; ++v)
-            acc[r][v] = accumulate ? vload(C + int64_t(i0 + r) * ldc + j0 + v * kLanes) : vfloat{};
+            acc[r][v] = accumulate ? vload(C + int64_t(i0 + r) * ldc + j0 + v * kLanes) * beta : vfloat{};
     for (int k = 0; k < K; ++k) {
         const float* b_row = B + int64_t(k) * ldb + j0;
         vfloat b[NV];
@@ -48,22 +48,22 @@ inline void tile(int K, const float* A, int lda, const float* B, int ldb, float*
 
 template <bool TransA, int NV>
 inline void column_block(int M, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
-                         bool accumulate, int j0) {
+                         bool accumulate, float beta, int j0) {
     int i = 0;
-    for (; i + 4 <= M; i += 4) tile<TransA, 4, NV>(K, A, lda, B, ldb, C, ldc, accumulate, i, j0);
-    for (; i < M; ++i) tile<TransA, 1, NV>(K, A, lda, B, ldb, C, ldc, accumulate, i, j0);
+    for (; i + 4 <= M; i += 4) tile<TransA, 4, NV>(K, A, lda, B, ldb, C, ldc, accumulate, beta, i, j0);
+    for (; i < M; ++i) tile<TransA, 1, NV>(K, A, lda, B, ldb, C, ldc, accumulate, beta, i, j0);
 }
 
 // Rows i0..i0+MR of the last `width` (< 16) columns of C, from B's columns copied into `panel` [K, 16]
 // (zeros beyond `width`): C's values go through a 16-wide row buffer, so every product is a vector one.
 template <bool TransA, int MR>
 inline void remainder_tile(int K, const float* A, int lda, const float* panel, float* C, int ldc, bool accumulate,
-                           int i0, int j0, int width) {
+                           float beta, int i0, int j0, int width) {
     vfloat acc[MR];
     for (int r = 0; r < MR; ++r) {
         float row[kLanes] = {};
         if (accumulate)
-            for (int c = 0; c < width; ++c) row[c] = C[int64_t(i0 + r) * ldc + j0 + c];
+            for (int c = 0; c < width; ++c) row[c] = C[int64_t(i0 + r) * ldc + j0 + c] * beta;
         acc[r] = vload(row);
     }
     for (int k = 0; k < K; ++k) {
@@ -78,14 +78,16 @@ inline void remainder_tile(int K, const float* A, int lda, const float* panel, f
     }
 }
 
-// C [M, N] (+)= op(A) B with B [K, N].
+// C [M, N] = (beta C +) op(A) B with B [K, N].
 template <bool TransA>
 void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
-                  bool accumulate) {
+                  bool accumulate, float beta = 1.0f) {
     int j = 0;
-    for (; j + 4 * kLanes <= N; j += 4 * kLanes) column_block<TransA, 4>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
-    for (; j + 2 * kLanes <= N; j += 2 * kLanes) column_block<TransA, 2>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
-    for (; j + kLanes <= N; j += kLanes) column_block<TransA, 1>(M, K, A, lda, B, ldb, C, ldc, accumulate, j);
+    for (; j + 4 * kLanes <= N; j += 4 * kLanes)
+        column_block<TransA, 4>(M, K, A, lda, B, ldb, C, ldc, accumulate, beta, j);
+    for (; j + 2 * kLanes <= N; j += 2 * kLanes)
+        column_block<TransA, 2>(M, K, A, lda, B, ldb, C, ldc, accumulate, beta, j);
+    for (; j + kLanes <= N; j += kLanes) column_block<TransA, 1>(M, K, A, lda, B, ldb, C, ldc, accumulate, beta, j);
     if (j == N) return;
     // The last N % 16 columns (a tail chunk shorter than the chunk size, heads of other than 16k features):
     // as vector products over a zero-padded copy of B's columns; a scalar loop here took most of the time
@@ -96,22 +98,25 @@ void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, 
     for (int k = 0; k < K; ++k)
         for (int c = 0; c < width; ++c) panel[size_t(k) * kLanes + c] = B[int64_t(k) * ldb + j + c];
     int i = 0;
-    for (; i + 4 <= M; i += 4) remainder_tile<TransA, 4>(K, A, lda, panel.data(), C, ldc, accumulate, i, j, width);
-    for (; i < M; ++i) remainder_tile<TransA, 1>(K, A, lda, panel.data(), C, ldc, accumulate, i, j, width);
+    for (; i + 4 <= M; i += 4)
+        remainder_tile<TransA, 4>(K, A, lda, panel.data(), C, ldc, accumulate, beta, i, j, width);
+    for (; i < M; ++i) remainder_tile<TransA, 1>(K, A, lda, panel.data(), C, ldc, accumulate, beta, i, j, width);
 }
 
 // Row-major C [M, N] (+)= op(A) op(B), op(A) [M, K], op(B) [K, N]; ld* are row strides. A transposed B
-// ([N, K] stored) is first copied transposed into scratch (K * N floats).
+// ([N, K] stored) is first copied transposed into scratch (K * N floats). With accumulate, C's old values
+// are scaled by beta first, as they are loaded (a separate pass over C would stream it through the cache
+// once more).
 inline void block_gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
-                       int ldb, bool accumulate, float* C, int ldc, float* scratch) {
+                       int ldb, bool accumulate, float* C, int ldc, float* scratch, float beta = 1.0f) {
     if (trans_b) {
         for (int n = 0; n < N; ++n)
             for (int k = 0; k < K; ++k) scratch[int64_t(k) * N + n] = B[int64_t(n) * ldb + k];
         B = scratch;
         ldb = N;
     }
-    if (trans_a) gemm_b_plain<true>(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
-    else gemm_b_plain<false>(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+    if (trans_a) gemm_b_plain<true>(M, N, K, A, lda, B, ldb, C, ldc, accumulate, beta);
+    else gemm_b_plain<false>(M, N, K, A, lda, B, ldb, C, ldc, accumulate, beta);
 }
 
 }  // namespace xlstm_zoo

@@ -411,8 +411,6 @@ void carry_state(const Sizes& s, const float* k, const float* v, const float* lo
                  float* n, float& m, SequenceWorkspace& sw) {
     const int L = s.L, Dk = s.Dk, Dv = s.Dv;
     const Carry c = carry_factors(L, log_i, log_f, m, sw);
-    XLSTM_ZOO_SIMD
-    for (int64_t i = 0; i < int64_t(Dk) * Dv; ++i) C[i] *= c.keep;
     float* k_w = sw.w.G.data();
     for (int i = 0; i < Dk; ++i) n[i] *= c.keep;
     for (int t = 0; t < L; ++t) {
@@ -423,7 +421,7 @@ void carry_state(const Sizes& s, const float* k, const float* v, const float* lo
             n[i] += kw[i];
         }
     }
-    block_gemm(true, false, Dk, Dv, L, k_w, Dk, v, Dv, true, C, Dv, sw.w.bt.data());
+    block_gemm(true, false, Dk, Dv, L, k_w, Dk, v, Dv, true, C, Dv, sw.w.bt.data(), c.keep);  // keep C + ...
     m = c.m_new;
 }
 
