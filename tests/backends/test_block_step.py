@@ -193,19 +193,24 @@ def test_one_thread_and_two_give_the_same_bits():
 
 
 def test_the_compiled_model_step_runs_the_block_kernel_outside_the_graph(monkeypatch):
-    """Under torch.compile (``compiled_step()``) each block's step is a graph break around its kernel, not a
-    trace of its modules; the result equals the eager step."""
+    """Under torch.compile (``compiled_step()``) the stack's blocks step through their kernel behind a graph
+    break, not a trace of their modules; the result equals the eager step."""
     m = model()
     calls = []
-    real = BlockStepKernel.__call__
-    monkeypatch.setattr(BlockStepKernel, "__call__", lambda self, *args: calls.append(1) or real(self, *args))
+    real = BlockStepKernel.bind
+    monkeypatch.setattr(BlockStepKernel, "bind", lambda self, *args: calls.append(1) or real(self, *args))
+    from xlstm_zoo.blocks import mlstm_7b
+    runs = []
+    real_run = mlstm_7b.blocks_step
+    monkeypatch.setattr(mlstm_7b, "blocks_step", lambda blocks, x: runs.append(len(blocks)) or real_run(blocks, x))
     state = prefilled_state(m, 2)
     token = torch.tensor([3, 7])
     with torch.no_grad():
         eager_logits, eager_state = m.step(token, state)
-        calls.clear()
+        calls.clear(), runs.clear()
         compiled_logits, compiled_state = m.compiled_step()(token, state)
     assert len(calls) == len(m.stack.blocks)  # every block through its kernel, at run time
+    assert runs == [len(m.stack.blocks)]  # all of them in one call: one graph break for the stack
     assert_close(compiled_logits, eager_logits, kind="kernel", what="logits", dtype=torch.float32)
     for got, want in zip(compiled_state, eager_state):
         for a, e in zip(got, want):

@@ -80,14 +80,12 @@ class MLSTM7BBlock(Block):
     def step_run(cls, blocks, x_t, states):
         """Blocks whose steps the compiled kernel serves run in one call (``blocks_step``): between blocks
         nothing returns to Python, whose objects the blocks' weights have pushed out of cache by then
-        (d=1024, B=1: 0.2-0.25 ms a block). None where one of them is not served."""
-        if torch.compiler.is_compiling():  # compiled_step: one graph break per block (see _kernel_step_outside_graph)
-            return None
-        kernels = [block._compiled_step(x_t, state) for block, state in zip(blocks, states)]
-        if any(kernel is None for kernel in kernels):
-            return None
-        return blocks_step([(kernel, state if state is not None else block.init_state(x_t.shape[0], x_t.device),
-                             block._step_weights()) for kernel, block, state in zip(kernels, blocks, states)], x_t)
+        (d=1024, B=1: 0.2-0.25 ms a block). None where one of them is not served. Under torch.compile the
+        run is one graph break (a break per block cost ~0.1 ms each); under export, None (export traces
+        the modules)."""
+        if torch.compiler.is_compiling():
+            return None if torch.compiler.is_exporting() else _run_step_outside_graph(blocks, x_t, states)
+        return _run_step(blocks, x_t, states)
 
     def _compiled_step(self, x_t, state) -> BlockStepKernel | None:
         """The compiled step when it serves this call (see the module docstring), else None."""
@@ -130,6 +128,19 @@ def _kernel_step(block: MLSTM7BBlock, x_t, state):
 # tracing the block's modules instead made the compiled step slower than the eager one (d=1024, B=16:
 # 34.1 vs 23.7 ms). Not under export, which cannot break the graph: it traces the modules.
 _kernel_step_outside_graph = torch.compiler.disable(_kernel_step)
+
+
+def _run_step(blocks: list[MLSTM7BBlock], x_t, states):
+    """The blocks' steps through one compiled call (see MLSTM7BBlock.step_run), or None where the kernel does
+    not serve one of them."""
+    kernels = [block._compiled_step(x_t, state) for block, state in zip(blocks, states)]
+    if any(kernel is None for kernel in kernels):
+        return None
+    return blocks_step([(kernel, state if state is not None else block.init_state(x_t.shape[0], x_t.device),
+                         block._step_weights()) for kernel, block, state in zip(kernels, blocks, states)], x_t)
+
+
+_run_step_outside_graph = torch.compiler.disable(_run_step)
 
 
 def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
