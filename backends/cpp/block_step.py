@@ -127,15 +127,10 @@ class BlockStepKernel:
         self._weights: dict[str, torch.Tensor | None] = {}  # the checked weights, held while in use
         self._template = _Args()  # the call's arguments but for input, state and outputs
 
-    def __call__(self, x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights) -> tuple[torch.Tensor, MLSTMState]:
-        """One token through the block: ``x [B, dim]`` and the cell's state -> ``y [B, dim]`` and the new
-        state (new tensors; the state passed in is not modified)."""
-        call = self.bind(x, state, weights)
-        library().xlstm_zoo_mlstm7b_block_step_f32(ctypes.addressof(call.args))
-        return call.y, call.state
-
     def bind(self, x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights) -> BoundStep:
-        """The call's arguments, with its outputs allocated, without running it (see :func:`blocks_step`)."""
+        """One token through the block, ``x [B, dim]`` and the cell's state -> ``y [B, dim]`` and the new state
+        (new tensors; the state passed in is not modified), bound and its outputs allocated; it runs in
+        :func:`blocks_step`."""
         if x.dim() != 2:
             raise ValueError(f"mlstm7b_block_step: x must be [batch, dim], got {tuple(x.shape)}")
         B, dim = x.shape

@@ -159,7 +159,6 @@ def _load(path: Path) -> ctypes.CDLL:
                            "mlstm_chunk_sums_backward_f32": [ptr] * 8 + [i64] * 5,
                            "mlstm_step_f32": [ptr] * 12 + [i64] * 3 + [f32, f32, flag, flag, i64],
                            "linear_step_f32": [ptr] * 4 + [i64] * 4,
-                           "mlstm7b_block_step_f32": [ptr],
                            "mlstm7b_blocks_step_f32": [ptr, i64],
                            "silu_gate_forward_f32": [ptr] * 2 + [i64] * 3,
                            "silu_gate_backward_f32": [ptr] * 3 + [i64] * 3,

@@ -116,12 +116,9 @@ class MLSTM7BBlock(Block):
 
 
 def _kernel_step(block: MLSTM7BBlock, x_t, state):
-    """The block's step through its compiled kernel, or None where that does not serve the call."""
-    kernel = block._compiled_step(x_t, state)
-    if kernel is None:
-        return None
-    state = state if state is not None else block.init_state(x_t.shape[0], x_t.device)
-    return kernel(x_t, state, block._step_weights())
+    """The block's step through its compiled kernel (a run of one), or None where that does not serve the call."""
+    out = _run_step([block], x_t, (state,))
+    return None if out is None else (out[0], out[1][0])
 
 
 # Under torch.compile (the model's compiled_step()) a graph break: the kernel runs as it does eagerly, where
