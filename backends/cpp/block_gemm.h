@@ -25,14 +25,21 @@ typedef float vfloat_mem __attribute__((vector_size(kLanes * sizeof(float)), ali
 inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_mem*>(p); }
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_mem*>(p) = v; }
 
-// C[i0:i0+MR, j0:j0+16 NV] = (beta C +) op(A) B, op(A) = A [M, K] or A^T for A [K, M].
+// The matrix that a product is added onto (null: none), with its row stride: C itself to accumulate, or
+// another matrix of C's shape (C = W + op(A) B without first copying W into C).
+struct Addend {
+    const float* at;
+    int ld;
+};
+
+// C[i0:i0+MR, j0:j0+16 NV] = (beta addend +) op(A) B, op(A) = A [M, K] or A^T for A [K, M].
 template <bool TransA, int MR, int NV>
-inline void tile(int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc, bool accumulate,
+inline void tile(int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc, Addend add,
                  float beta, int i0, int j0) {
     vfloat acc[MR][NV];
     for (int r = 0; r < MR; ++r)
         for (int v = 0; v < NV; ++v)
-            acc[r][v] = accumulate ? vload(C + int64_t(i0 + r) * ldc + j0 + v * kLanes) * beta : vfloat{};
+            acc[r][v] = add.at ? vload(add.at + int64_t(i0 + r) * add.ld + j0 + v * kLanes) * beta : vfloat{};
     for (int k = 0; k < K; ++k) {
         const float* b_row = B + int64_t(k) * ldb + j0;
         vfloat b[NV];
@@ -48,22 +55,22 @@ inline void tile(int K, const float* A, int lda, const float* B, int ldb, float*
 
 template <bool TransA, int NV>
 inline void column_block(int M, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
-                         bool accumulate, float beta, int j0) {
+                         Addend add, float beta, int j0) {
     int i = 0;
-    for (; i + 4 <= M; i += 4) tile<TransA, 4, NV>(K, A, lda, B, ldb, C, ldc, accumulate, beta, i, j0);
-    for (; i < M; ++i) tile<TransA, 1, NV>(K, A, lda, B, ldb, C, ldc, accumulate, beta, i, j0);
+    for (; i + 4 <= M; i += 4) tile<TransA, 4, NV>(K, A, lda, B, ldb, C, ldc, add, beta, i, j0);
+    for (; i < M; ++i) tile<TransA, 1, NV>(K, A, lda, B, ldb, C, ldc, add, beta, i, j0);
 }
 
 // Rows i0..i0+MR of the last `width` (< 16) columns of C, from B's columns copied into `panel` [K, 16]
 // (zeros beyond `width`): C's values go through a 16-wide row buffer, so every product is a vector one.
 template <bool TransA, int MR>
-inline void remainder_tile(int K, const float* A, int lda, const float* panel, float* C, int ldc, bool accumulate,
+inline void remainder_tile(int K, const float* A, int lda, const float* panel, float* C, int ldc, Addend add,
                            float beta, int i0, int j0, int width) {
     vfloat acc[MR];
     for (int r = 0; r < MR; ++r) {
         float row[kLanes] = {};
-        if (accumulate)
-            for (int c = 0; c < width; ++c) row[c] = C[int64_t(i0 + r) * ldc + j0 + c] * beta;
+        if (add.at)
+            for (int c = 0; c < width; ++c) row[c] = add.at[int64_t(i0 + r) * add.ld + j0 + c] * beta;
         acc[r] = vload(row);
     }
     for (int k = 0; k < K; ++k) {
@@ -78,16 +85,14 @@ inline void remainder_tile(int K, const float* A, int lda, const float* panel, f
     }
 }
 
-// C [M, N] = (beta C +) op(A) B with B [K, N].
+// C [M, N] = (beta addend +) op(A) B with B [K, N].
 template <bool TransA>
-void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
-                  bool accumulate, float beta = 1.0f) {
+void gemm_b_onto(int M, int N, int K, const float* A, int lda, const float* B, int ldb, Addend add, float* C,
+                 int ldc, float beta = 1.0f) {
     int j = 0;
-    for (; j + 4 * kLanes <= N; j += 4 * kLanes)
-        column_block<TransA, 4>(M, K, A, lda, B, ldb, C, ldc, accumulate, beta, j);
-    for (; j + 2 * kLanes <= N; j += 2 * kLanes)
-        column_block<TransA, 2>(M, K, A, lda, B, ldb, C, ldc, accumulate, beta, j);
-    for (; j + kLanes <= N; j += kLanes) column_block<TransA, 1>(M, K, A, lda, B, ldb, C, ldc, accumulate, beta, j);
+    for (; j + 4 * kLanes <= N; j += 4 * kLanes) column_block<TransA, 4>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
+    for (; j + 2 * kLanes <= N; j += 2 * kLanes) column_block<TransA, 2>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
+    for (; j + kLanes <= N; j += kLanes) column_block<TransA, 1>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
     if (j == N) return;
     // The last N % 16 columns (a tail chunk shorter than the chunk size, heads of other than 16k features):
     // as vector products over a zero-padded copy of B's columns; a scalar loop here took most of the time
@@ -98,9 +103,15 @@ void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, 
     for (int k = 0; k < K; ++k)
         for (int c = 0; c < width; ++c) panel[size_t(k) * kLanes + c] = B[int64_t(k) * ldb + j + c];
     int i = 0;
-    for (; i + 4 <= M; i += 4)
-        remainder_tile<TransA, 4>(K, A, lda, panel.data(), C, ldc, accumulate, beta, i, j, width);
-    for (; i < M; ++i) remainder_tile<TransA, 1>(K, A, lda, panel.data(), C, ldc, accumulate, beta, i, j, width);
+    for (; i + 4 <= M; i += 4) remainder_tile<TransA, 4>(K, A, lda, panel.data(), C, ldc, add, beta, i, j, width);
+    for (; i < M; ++i) remainder_tile<TransA, 1>(K, A, lda, panel.data(), C, ldc, add, beta, i, j, width);
+}
+
+// C [M, N] = (beta C +) op(A) B with B [K, N].
+template <bool TransA>
+void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+                  bool accumulate, float beta = 1.0f) {
+    gemm_b_onto<TransA>(M, N, K, A, lda, B, ldb, Addend{accumulate ? C : nullptr, ldc}, C, ldc, beta);
 }
 
 // dst [K, N] = src^T for src [N, K] (row stride lds): 8 x 8 blocks through vector shuffles (three rounds of

@@ -8,6 +8,10 @@ through every output and the initial state, and the result independent of the th
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -61,3 +65,26 @@ def test_thread_count_does_not_change_the_result():
     (out1, grads1), (out2, grads2) = runs
     for a, b in zip(out1 + grads1, out2 + grads2):
         assert torch.equal(a, b)
+
+
+_SMALLER_TEAM = """
+import torch
+from xlstm_zoo.backends.cpp.lstm import lstm_time_major
+torch.set_num_threads(2)
+g = torch.Generator().manual_seed(0)
+W = torch.randn(40, 1, 4, 4 * 128, generator=g, requires_grad=True)
+R = (torch.randn(1, 128, 4 * 128, generator=g) / 128 ** 0.5).requires_grad_()
+c0, h0 = torch.zeros(1, 4, 128), torch.zeros(1, 4, 128)
+h, c, hT = lstm_time_major(W, R, c0, h0)
+h.sum().backward()
+print("finite", bool(torch.isfinite(h).all() and torch.isfinite(W.grad).all()))
+"""
+
+
+def test_a_team_smaller_than_asked_for_still_runs():
+    # OMP_THREAD_LIMIT=1 leaves one thread where the loop asks for two: the per-token barrier must count
+    # the threads it got (counting those it asked for, it would wait forever).
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    done = subprocess.run([sys.executable, "-c", _SMALLER_TEAM], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "finite True"
