@@ -139,7 +139,7 @@ def test_every_case_runs_at_tiny_scale():
     names = [c.name for c in cases]
     assert len(names) == len(set(names))
     assert {"fwd/mlstm_block", "fwdbwd/xlstm_7_1", "op/mlstm_chunkwise/fwdbwd", "sweep/mlstm/T=16",
-            "generate/xlstm_7_1/pos=4"} <= set(names)
+            "generate/xlstm_7_1/pos=4", "generate/xlstm_7_1_compiled/pos=2"} <= set(names)
     picked = [c for c in cases if c.name in {"fwd/slstm_block", "fwdbwd/mlstm_block", "op/mlstm_chunkwise/fwd",
                                              "sweep/mlstm/T=16", "generate/xlstm_7_1/pos=4"}]
     rows = runner.run_cases(picked, repeats=1, warmup=0, progress=False)
@@ -150,6 +150,17 @@ def test_every_case_runs_at_tiny_scale():
     by = {r.case: r for r in rows}
     assert by["fwd/slstm_block"].params_ours > 0 and by["fwd/slstm_block"].params_baseline > 0
     assert by["sweep/mlstm/T=16"].memory and by["sweep/mlstm/T=16"].rel_ours == pytest.approx(1.0)
+
+
+def test_compiled_generation_case_steps_through_compiled_step(monkeypatch):
+    # torch.compile itself is tested in test_compiling.py (30 s here); this checks the case's wiring.
+    requested = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: (requested.append(options), fn)[1])
+    (case,) = [c for c in bench_cases.make_cases(TINY) if c.name == "generate/xlstm_7_1_compiled/pos=2"]
+    (row,) = runner.run_cases([case], repeats=1, warmup=0, progress=False)
+    assert row.error is None and row.ours_s > 0 and row.baseline_s > 0
+    assert requested == [{"options": {"cpp_wrapper": True}}]
+    assert row.ours_desc.startswith("model.compiled_step()")
 
 
 def test_full_scale_architectures_match_the_official_parameter_counts():

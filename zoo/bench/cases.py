@@ -350,19 +350,46 @@ def _sweep_cases(scale: Scale) -> list[Case]:
 GENERATION_SAMPLE_FACTOR = 10  # a step takes milliseconds: ten times the repeats for a steady median
 
 
-def _our_step(scale: Scale, p: int) -> Prepared:
-    """One generation step of our xLSTM[7:1] model at position ``p`` (prefilled chunkwise)."""
+def _our_step(scale: Scale, p: int, compiled: bool = False) -> Prepared:
+    """One generation step of our xLSTM[7:1] model at position ``p`` (prefilled chunkwise); ``compiled``:
+    through ``model.compiled_step()`` (torch.compile), compiled here, outside the timed calls."""
     model = our_model("xlstm_7_1", scale).eval()
     g = torch.Generator().manual_seed(scale.seed + 2)
     tokens = torch.randint(0, model.embedding.num_embeddings, (1, p + 1), generator=g)
     with torch.no_grad():
         _, prefilled = model(tokens[:, :p])  # chunkwise prefill to position p
     token = tokens[:, p]
+    step = model.compiled_step() if compiled else model.step
+    if compiled:
+        with torch.no_grad():
+            step(token, prefilled)
 
     def fn():  # every call steps from the same state: the position stays p
         with torch.no_grad():
-            model.step(token, prefilled)
-    return Prepared(fn, count(model.stack), note="model.step (embedding + stack + head)")
+            step(token, prefilled)
+    return Prepared(fn, count(model.stack), note="model.compiled_step() (torch.compile; embedding + stack + head)"
+                    if compiled else "model.step (embedding + stack + head)")
+
+
+def _official_step(scale: Scale, p: int) -> Prepared:
+    """One step of the official xLSTM[7:1] stack at position ``p`` (prefilled by official steps)."""
+    if p > scale.official_prefill_max:
+        raise BaselineUnavailable(f"skipped: the official forward returns no state, reaching position {p} "
+                                  f"takes {p} official steps (limit {scale.official_prefill_max}; full run)")
+    torch.manual_seed(scale.seed)
+    stack = official_stack(scale, 8, [1], context_length=16).eval()
+    g = torch.Generator().manual_seed(scale.seed + 3)
+    xs = torch.randn(1, p + 1, scale.dim, generator=g)
+    state = None
+    with torch.no_grad():
+        for t in range(p):  # official prefill: one step per token
+            _, state = stack.step(xs[:, t:t + 1], state)
+    x_t = xs[:, p:p + 1]
+
+    def fn():
+        with torch.no_grad():
+            stack.step(x_t, dict(state))  # step() writes into the dict it gets
+    return Prepared(fn, count(stack), note="xLSTMBlockStack.step (stack only)")
 
 
 def _generation_cases(scale: Scale) -> list[Case]:
@@ -370,31 +397,14 @@ def _generation_cases(scale: Scale) -> list[Case]:
     first = scale.positions[0]
     ref_name = f"generate/xlstm_7_1/pos={first}"
     for p in scale.positions:
-        def ours(p=p):
-            return _our_step(scale, p)
-
-        def baseline(p=p):
-            if p > scale.official_prefill_max:
-                raise BaselineUnavailable(f"skipped: the official forward returns no state, reaching position {p} "
-                                          f"takes {p} official steps (limit {scale.official_prefill_max}; full run)")
-            torch.manual_seed(scale.seed)
-            stack = official_stack(scale, 8, [1], context_length=16).eval()
-            g = torch.Generator().manual_seed(scale.seed + 3)
-            xs = torch.randn(1, p + 1, scale.dim, generator=g)
-            state = None
-            with torch.no_grad():
-                for t in range(p):  # official prefill: one step per token
-                    _, state = stack.step(xs[:, t:t + 1], state)
-            x_t = xs[:, p:p + 1]
-
-            def fn():
-                with torch.no_grad():
-                    stack.step(x_t, dict(state))  # step() writes into the dict it gets
-            return Prepared(fn, count(stack), note="xLSTMBlockStack.step (stack only)")
-
         cases.append(Case(f"generate/xlstm_7_1/pos={p}", "generation step (B=1)", f"B=1 d={scale.dim} position {p}",
-                          ours, baseline, memory=False, ref=ref_name, info=dict(position=p),
-                          sample_factor=GENERATION_SAMPLE_FACTOR))
+                          lambda p=p: _our_step(scale, p), lambda p=p: _official_step(scale, p), memory=False,
+                          ref=ref_name, info=dict(position=p), sample_factor=GENERATION_SAMPLE_FACTOR))
+    # The step a user gets from generate(compile=True): eagerly a step is ~1,000 small ops (dispatch-bound).
+    cases.append(Case(f"generate/xlstm_7_1_compiled/pos={first}", "generation step (B=1), ours compiled",
+                      f"B=1 d={scale.dim} position {first}", lambda: _our_step(scale, first, compiled=True),
+                      lambda: _official_step(scale, first), memory=False, info=dict(position=first),
+                      sample_factor=GENERATION_SAMPLE_FACTOR))
     # Does a step get slower as the position grows? Our step at p against our step at the first
     # position, interleaved in one case, so a drift in machine speed hits both.
     for p in scale.positions[1:]:
