@@ -127,6 +127,14 @@ class BlockStepKernel:
         self._weights: dict[str, torch.Tensor | None] = {}  # the checked weights, held while in use
         self._template = _Args()  # the call's arguments but for input, state and outputs
 
+    # A copy (copy.deepcopy, pickling, torch.save of the whole model) keeps the sizes and prepares itself at
+    # its first step: the prepared arguments hold another model's pointers, and ctypes cannot pickle them.
+    def __getstate__(self) -> dict:
+        return {"sizes": self.sizes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["sizes"])
+
     def bind(self, x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights) -> BoundStep:
         """One token through the block, ``x [B, dim]`` and the cell's state -> ``y [B, dim]`` and the new state
         (new tensors; the state passed in is not modified), bound and its outputs allocated; it runs in

@@ -5,6 +5,9 @@ between steps are seen."""
 
 from __future__ import annotations
 
+import copy
+import io
+
 import pytest
 import torch
 
@@ -143,6 +146,30 @@ def test_in_place_weight_updates_and_replaced_weights_are_seen(monkeypatch):
     assert not torch.allclose(first, second)
     assert_close(second, expected, kind="kernel", what="y after the weight changes", dtype=torch.float32)
     assert_close(third, expected_third, kind="kernel", what="y after a strided weight changed", dtype=torch.float32)
+
+
+def test_a_model_that_has_stepped_can_be_copied_and_saved(monkeypatch):
+    # The kernels' prepared arguments hold raw pointers, which ctypes cannot pickle: copy.deepcopy and
+    # torch.save of the whole model failed after its first step. A copy prepares itself at its own first step.
+    m = model()
+    state = prefilled_state(m, 2)
+    token = torch.tensor([3, 5])
+    with torch.no_grad():
+        first, _ = m.step(token, state)
+        twin = copy.deepcopy(m)
+        buffer = io.BytesIO()
+        torch.save(m, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert torch.equal(twin.step(token, state)[0], first)
+        assert torch.equal(loaded.step(token, state)[0], first)
+        twin.stack.blocks[0].mlp.down.weight.mul_(2.0)  # the copy steps with its own weights ...
+        changed, _ = twin.step(token, state)
+        assert torch.equal(m.step(token, state)[0], first)  # ... and the original with its own
+        expected = twin.stack.post_norm(eager_step(twin.stack.blocks[1], eager_step(
+            twin.stack.blocks[0], twin.embedding(token), state[0], monkeypatch)[0], state[1], monkeypatch)[0])
+    assert not torch.allclose(changed, first)
+    assert_close(changed, twin._logits(expected), kind="kernel", what="the copy's logits", dtype=torch.float32)
 
 
 def test_the_eager_path_serves_what_the_kernel_does_not(monkeypatch):
