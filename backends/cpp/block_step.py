@@ -10,6 +10,7 @@ result equals its eager step to float32 rounding (tests/backends/test_block_step
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -17,7 +18,8 @@ import torch
 from xlstm_zoo.backends.cpp.build import library
 from xlstm_zoo.backends.states import MLSTMState
 
-__all__ = ["BlockStepKernel", "BlockStepSizes", "BlockStepWeights", "BoundStep", "blocks_step"]
+__all__ = ["BlockStepKernel", "BlockStepSizes", "BlockStepWeights", "BoundStep", "PreparedRun", "blocks_step",
+           "registrations"]
 
 
 class BlockStepWeights(NamedTuple):
@@ -113,6 +115,96 @@ def blocks_step(blocks: list[tuple[BlockStepKernel, MLSTMState, BlockStepWeights
     args = (_Args * len(calls))(*(call.args for call in calls))
     library().xlstm_zoo_mlstm7b_blocks_step_f32(args, len(calls))
     return x, [call.state for call in calls]
+
+
+class PreparedRun:
+    """A stack's run of blocks prepared once for steps without gradients: the kernels' weights checked, their
+    pointers and the call's constant arguments laid out. A step then checks its input and states, allocates
+    the outputs and calls the kernel. Its result is the same as :func:`blocks_step`'s, bit for bit.
+
+    Why: between generation steps the weights stream through the caches and push Python's objects out, so
+    each call a step makes costs tens of microseconds. At d=1024 B=1, gathering the four blocks' weights
+    from their modules alone took 0.18 ms of a ~9 ms step.
+
+    It stays valid while no module anywhere has had a parameter, buffer or submodule registered or
+    replaced since (a counter that torch's global registration hooks advance), and while every weight
+    still has the data pointer it was checked with (`.data` swaps, dtype round trips)."""
+
+    def __init__(self, blocks: list, kernels: list[BlockStepKernel], weights: list[BlockStepWeights], dim: int):
+        for kernel, block_weights in zip(kernels, weights):
+            kernel._prepare(dim, block_weights)
+        self.dim = dim
+        self._blocks = [weakref.ref(block) for block in blocks]
+        self._tensors = [t for block_weights in weights for t in block_weights if t is not None]
+        self._pointers = [t.data_ptr() for t in self._tensors]
+        self._registrations = registrations()
+        self._template = (_Args * len(kernels))(*(kernel._template for kernel in kernels))
+        self._shapes = [(k.sizes.heads, k.sizes.qk_dim // k.sizes.heads, dim // k.sizes.heads) for k in kernels]
+        self._held = [kernel._weights for kernel in kernels]  # the checked weights the pointers point into
+
+    @classmethod
+    def prepare(cls, blocks: list, kernels: list[BlockStepKernel], weights: list[BlockStepWeights],
+                dim: int) -> PreparedRun | None:
+        """The run, or None where a weight is not contiguous (a copy would miss its in-place updates)."""
+        if any(t is not None and not t.is_contiguous() for block_weights in weights for t in block_weights):
+            return None
+        return cls(blocks, kernels, weights, dim)
+
+    def serves(self, blocks: list) -> bool:
+        """Whether it is still these blocks' run, with the weights it was prepared with."""
+        return (len(blocks) == len(self._blocks) and all(ref() is block for ref, block in zip(self._blocks, blocks))
+                and self._registrations == registrations()
+                and [t.data_ptr() for t in self._tensors] == self._pointers)
+
+    def __call__(self, x: torch.Tensor, states: list[MLSTMState]) -> tuple[torch.Tensor, list[MLSTMState]] | None:
+        """``x [B, dim]`` (float32, CPU) through the run; None where an input or state is not one it takes
+        (the caller's checked path then names what is wrong)."""
+        B, dim = x.shape
+        if dim != self.dim or not x.is_contiguous():
+            return None
+        args = (_Args * len(self._shapes)).from_buffer_copy(self._template)
+        held, new_states = [x], []
+        threads = torch.get_num_threads()
+        for call, state, (H, Dk, Dv) in zip(args, states, self._shapes):
+            C, n, m = state
+            if not (C.dtype is torch.float32 and n.dtype is torch.float32 and m.dtype is torch.float32
+                    and C.is_cpu and n.is_cpu and m.is_cpu and C.shape == (B, H, Dk, Dv) and n.shape == (B, H, Dk)
+                    and m.shape == (B, H) and C.is_contiguous() and n.is_contiguous() and m.is_contiguous()):
+                return None
+            y, C_out, n_out, m_out = x.new_empty(B, dim), C.new_empty(B, H, Dk, Dv), n.new_empty(B, H, Dk), m.new_empty(B, H)
+            call.x, call.C, call.n, call.m = x.data_ptr(), C.data_ptr(), n.data_ptr(), m.data_ptr()
+            call.y, call.C_out, call.n_out, call.m_out = y.data_ptr(), C_out.data_ptr(), n_out.data_ptr(), m_out.data_ptr()
+            call.batch, call.threads = B, threads
+            held += (C, n, m, y)  # every operand alive until the call returns
+            new_states.append(MLSTMState(C_out, n_out, m_out))
+            x = y
+        library().xlstm_zoo_mlstm7b_blocks_step_f32(args, len(self._shapes))
+        return x, new_states
+
+
+_registered = [0]  # parameters, buffers and submodules registered or replaced on any module since counted
+
+
+def registrations() -> int:
+    """How many parameters, buffers and submodules have been registered or replaced on any module (through
+    ``register_*`` or attribute assignment) since this was first called: a change means what was prepared
+    from a module's parts may be stale."""
+    if not _hooks:
+        _install_registration_hooks()
+    return _registered[0]
+
+
+_hooks: list = []
+
+
+def _install_registration_hooks() -> None:
+    def count(*_):
+        _registered[0] += 1
+
+    modules = torch.nn.modules.module
+    _hooks.extend(register(count) for register in (modules.register_module_parameter_registration_hook,
+                                                   modules.register_module_buffer_registration_hook,
+                                                   modules.register_module_module_registration_hook))
 
 
 class BlockStepKernel:

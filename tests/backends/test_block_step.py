@@ -88,17 +88,31 @@ def test_model_step_from_the_zero_state_equals_the_reference(monkeypatch):
             assert_close(a, e, kind="kernel", what="state", dtype=torch.float32)
 
 
+def kernel_runs(monkeypatch) -> list[int]:
+    """The number of blocks in each call of the blocks' compiled entry, from now on."""
+    from xlstm_zoo.backends.cpp import block_step
+    runs, real = [], block_step.library()
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def xlstm_zoo_mlstm7b_blocks_step_f32(self, args, count):
+            runs.append(count)
+            return real.xlstm_zoo_mlstm7b_blocks_step_f32(args, count)
+
+    monkeypatch.setattr(block_step, "library", lambda: Counting())
+    return runs
+
+
 def test_a_stacks_blocks_step_in_one_call_bit_for_bit(monkeypatch):
     """Stack.step hands a run of 7B blocks to MLSTM7BBlock.step_run: one compiled call for all of them, the
     same bits as a call per block. A block the kernel does not serve sends the whole run back to per-block
     steps."""
-    from xlstm_zoo.blocks import mlstm_7b
     m = model("stack.pattern=mmm")
     state = prefilled_state(m, 3)
     x = torch.randn(3, DIM, generator=torch.Generator().manual_seed(4))
-    runs = []
-    real_run = mlstm_7b.blocks_step
-    monkeypatch.setattr(mlstm_7b, "blocks_step", lambda blocks, x: runs.append(len(blocks)) or real_run(blocks, x))
+    runs = kernel_runs(monkeypatch)
     with torch.no_grad():
         y, new_state = m.stack.step(x, state)
         assert runs == [3]
@@ -109,7 +123,7 @@ def test_a_stacks_blocks_step_in_one_call_bit_for_bit(monkeypatch):
         assert torch.equal(y, m.stack.post_norm(block_by_block))
         assert all(torch.equal(a, b) for got, want in zip(new_state, expected_state) for a, b in zip(got, want))
 
-        m.stack.blocks[2]._step_kernel = None  # as for a block with parts the kernel does not compute
+        m.stack.blocks[2].mlp_norm = torch.nn.LayerNorm(DIM)  # a part the kernel does not compute
         runs.clear()
         y_mixed, _ = m.stack.step(x, state)
         assert runs == [1, 1]  # no run of three: blocks 0 and 1 each a call of their own, block 2 eager
@@ -117,6 +131,39 @@ def test_a_stacks_blocks_step_in_one_call_bit_for_bit(monkeypatch):
         for block, block_state in zip(m.stack.blocks, state):  # blocks 0 and 1 through their kernels, 2 eagerly
             h, _ = block.step(h, block_state)
     assert torch.equal(y_mixed, m.stack.post_norm(h))
+
+
+def test_steps_without_gradients_reuse_a_prepared_run_bit_for_bit(monkeypatch):
+    """Without gradients a stack's blocks step through the run prepared at the first such step (no weights
+    gathered from the modules): the same bits as the checked path, which a step with gradients enabled
+    (and none wanted by the parameters) takes. Weights swapped under it are seen."""
+    from xlstm_zoo.backends.cpp.block_step import PreparedRun
+    m = model("stack.pattern=mmm").requires_grad_(False)
+    state = prefilled_state(m, 2)
+    token = torch.tensor([3, 5])
+    prepared = []
+    real_prepare = PreparedRun.prepare.__func__
+    monkeypatch.setattr(PreparedRun, "prepare", classmethod(lambda cls, *a: prepared.append(1) or real_prepare(cls, *a)))
+    with torch.no_grad():
+        first = m.step(token, state)
+        again = m.step(token, state)
+    with torch.enable_grad():
+        checked = m.step(token, state)
+    assert prepared == [1]  # prepared once, reused by the second step
+    for got in (again, checked):
+        assert torch.equal(got[0], first[0])
+        assert all(torch.equal(a, b) for s1, s2 in zip(got[1], first[1]) for a, b in zip(s1, s2))
+    block = m.stack.blocks[1]
+    with torch.no_grad():
+        block.mlp.down.weight.data = block.mlp.down.weight.data * 2.0  # a new storage under the same Parameter
+        swapped = m.step(token, state)
+        m.double().float()  # every weight through a new storage and back
+        round_trip = m.step(token, state)
+    with torch.enable_grad():
+        checked_swapped = m.step(token, state)
+    assert not torch.allclose(swapped[0], first[0])
+    assert torch.equal(swapped[0], checked_swapped[0]) and torch.equal(round_trip[0], checked_swapped[0])
+    assert len(prepared) == 3
 
 
 def test_the_state_passed_in_is_not_modified():
@@ -223,21 +270,14 @@ def test_the_compiled_model_step_runs_the_block_kernel_outside_the_graph(monkeyp
     """Under torch.compile (``compiled_step()``) the stack's blocks step through their kernel behind a graph
     break, not a trace of their modules; the result equals the eager step."""
     m = model()
-    calls = []
-    real = BlockStepKernel.bind
-    monkeypatch.setattr(BlockStepKernel, "bind", lambda self, *args: calls.append(1) or real(self, *args))
-    from xlstm_zoo.blocks import mlstm_7b
-    runs = []
-    real_run = mlstm_7b.blocks_step
-    monkeypatch.setattr(mlstm_7b, "blocks_step", lambda blocks, x: runs.append(len(blocks)) or real_run(blocks, x))
+    runs = kernel_runs(monkeypatch)
     state = prefilled_state(m, 2)
     token = torch.tensor([3, 7])
     with torch.no_grad():
         eager_logits, eager_state = m.step(token, state)
-        calls.clear(), runs.clear()
+        runs.clear()
         compiled_logits, compiled_state = m.compiled_step()(token, state)
-    assert len(calls) == len(m.stack.blocks)  # every block through its kernel, at run time
-    assert runs == [len(m.stack.blocks)]  # all of them in one call: one graph break for the stack
+    assert runs == [len(m.stack.blocks)]  # every block through the kernel at run time, all in one call
     assert_close(compiled_logits, eager_logits, kind="kernel", what="logits", dtype=torch.float32)
     for got, want in zip(compiled_state, eager_state):
         for a, e in zip(got, want):

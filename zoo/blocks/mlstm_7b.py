@@ -11,6 +11,7 @@ Anything else, and every sequence, runs the modules below.
 
 from __future__ import annotations
 
+import weakref
 from typing import Literal
 
 import torch
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.backends.cpp.block_step import BlockStepKernel, BlockStepSizes, BlockStepWeights, blocks_step
+from xlstm_zoo.backends.cpp.block_step import (BlockStepKernel, BlockStepSizes, BlockStepWeights, PreparedRun,
+                                                 blocks_step, registrations)
 from xlstm_zoo.backends.cpp.build import direct_call_allowed
 from xlstm_zoo.blocks.base import Block, build_cell
 from xlstm_zoo.cells.mlstm import MLSTMCell, MLSTMCellConfig
@@ -92,9 +94,11 @@ class MLSTM7BBlock(Block):
         if (type(x_t) is not torch.Tensor or x_t.dim() != 2 or not direct_call_allowed(x_t, self.out_proj.weight)
                 or (torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.parameters())))):
             return None
-        if not hasattr(self, "_step_kernel"):  # the block's parts are checked at its first step
+        changes = registrations()
+        if getattr(self, "_step_kernel_at", None) != changes:  # first step, or a part replaced since
             sizes = _compiled_step_sizes(self)
             self._step_kernel = BlockStepKernel(sizes) if sizes is not None else None
+            self._step_kernel_at = changes
         if self._step_kernel is None:
             return None
         return self._step_kernel if state is None or state.C.dtype == torch.float32 else None  # an mLSTM state
@@ -129,7 +133,14 @@ _kernel_step_outside_graph = torch.compiler.disable(_kernel_step)
 
 def _run_step(blocks: list[MLSTM7BBlock], x_t, states):
     """The blocks' steps through one compiled call (see MLSTM7BBlock.step_run), or None where the kernel does
-    not serve one of them."""
+    not serve one of them. Without gradients, through the run prepared at the last such step while it holds."""
+    if not torch.is_grad_enabled():
+        run = _prepared_run(blocks, x_t)
+        if run is not None:
+            out = run(x_t, [state if state is not None else block.init_state(x_t.shape[0], x_t.device)
+                            for block, state in zip(blocks, states)])
+            if out is not None:
+                return out
     kernels = [block._compiled_step(x_t, state) for block, state in zip(blocks, states)]
     if any(kernel is None for kernel in kernels):
         return None
@@ -138,6 +149,28 @@ def _run_step(blocks: list[MLSTM7BBlock], x_t, states):
 
 
 _run_step_outside_graph = torch.compiler.disable(_run_step)
+
+# A run's first block -> {the run's blocks' ids: its PreparedRun}. Outside the modules, which stay picklable.
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _prepared_run(blocks: list[MLSTM7BBlock], x_t) -> PreparedRun | None:
+    """The blocks' prepared run for this input (prepared now if it was not, or no longer holds), or None
+    where the kernel does not serve them."""
+    if type(x_t) is not torch.Tensor or x_t.dim() != 2 or not direct_call_allowed(x_t):
+        return None
+    runs, key = _PREPARED.setdefault(blocks[0], {}), tuple(map(id, blocks))
+    run = runs.get(key)
+    if run is not None and run.dim == x_t.shape[1] and run.serves(blocks):
+        return run
+    runs.pop(key, None)
+    kernels = [block._compiled_step(x_t, None) for block in blocks]
+    if any(kernel is None for kernel in kernels):
+        return None
+    run = PreparedRun.prepare(blocks, kernels, [block._step_weights() for block in blocks], x_t.shape[1])
+    if run is not None:
+        runs[key] = run
+    return run
 
 
 def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
