@@ -254,6 +254,7 @@ class BlockStepKernel:
         return BoundStep(args, (x, C, n, m, self._weights), y, MLSTMState(C_out, n_out, m_out))
 
     def _prepare(self, dim: int, weights: BlockStepWeights) -> None:
+        self._weights_key = None  # bind() keys the weights it prepared; a PreparedRun's may be others
         self._weights = self._check_weights(dim, weights)
         sizes = self.sizes
         self._template = _Args(**{name: None if t is None else t.data_ptr() for name, t in self._weights.items()},

@@ -166,6 +166,26 @@ def test_steps_without_gradients_reuse_a_prepared_run_bit_for_bit(monkeypatch):
     assert len(prepared) == 3
 
 
+def test_the_checked_path_after_a_prepared_run_uses_its_own_weights():
+    """A block's kernel serves both paths: weights W1 on the checked path, W2 through a prepared run, then W1
+    again on the checked path must compute with W1 (it once reused the prepared run's arguments)."""
+    m = model().requires_grad_(False)
+    state = prefilled_state(m, 2)
+    token = torch.tensor([3, 5])
+    weight = m.stack.blocks[0].mlp.down.weight
+    original = weight.data
+    with torch.enable_grad():
+        first = m.step(token, state)[0]
+    with torch.no_grad():
+        weight.data = original * 2.0
+        doubled = m.step(token, state)[0]
+        weight.data = original
+    with torch.enable_grad():
+        again = m.step(token, state)[0]
+    assert not torch.equal(doubled, first)
+    assert torch.equal(again, first)
+
+
 def test_the_state_passed_in_is_not_modified():
     m = model()
     state = prefilled_state(m, 2)[0]
