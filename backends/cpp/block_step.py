@@ -87,8 +87,13 @@ def _expected_shapes(dim: int, s: BlockStepSizes) -> dict[str, tuple[int, ...]]:
                 mlp_norm_b=(dim,), Wup=(2 * F, dim), bup=(2 * F,), Wdown=(dim, F), bdown=(dim,))
 
 
+def _fits(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """float32 on the CPU, of this shape (any strides)."""
+    return t.dtype == torch.float32 and t.device.type == "cpu" and tuple(t.shape) == shape
+
+
 def _checked(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    if t.dtype != torch.float32 or t.device.type != "cpu" or tuple(t.shape) != shape:
+    if not _fits(t, shape):
         raise ValueError(f"mlstm7b_block_step: {name} is {t.dtype} {tuple(t.shape)} on {t.device}, "
                          f"expected float32 {shape} on the CPU")
     return t.contiguous()
@@ -133,14 +138,14 @@ class PreparedRun:
     def __init__(self, blocks: list, kernels: list[BlockStepKernel], weights: list[BlockStepWeights], dim: int):
         for kernel, block_weights in zip(kernels, weights):
             kernel._prepare(dim, block_weights)
-        self.dim = dim
+        self._dim = dim
         self._blocks = [weakref.ref(block) for block in blocks]
+        # The weights, contiguous, so the very tensors the laid-out pointers point into: held while in use.
         self._tensors = [t for block_weights in weights for t in block_weights if t is not None]
         self._pointers = [t.data_ptr() for t in self._tensors]
         self._registrations = registrations()
         self._template = (_Args * len(kernels))(*(kernel._template for kernel in kernels))
         self._shapes = [(k.sizes.heads, k.sizes.qk_dim // k.sizes.heads, dim // k.sizes.heads) for k in kernels]
-        self._held = [kernel._weights for kernel in kernels]  # the checked weights the pointers point into
 
     @classmethod
     def prepare(cls, blocks: list, kernels: list[BlockStepKernel], weights: list[BlockStepWeights],
@@ -160,16 +165,15 @@ class PreparedRun:
         """``x [B, dim]`` (float32, CPU) through the run; None where an input or state is not one it takes
         (the caller's checked path then names what is wrong)."""
         B, dim = x.shape
-        if dim != self.dim or not x.is_contiguous():
+        if dim != self._dim or not x.is_contiguous():
             return None
         args = (_Args * len(self._shapes)).from_buffer_copy(self._template)
         held, new_states = [x], []
         threads = torch.get_num_threads()
         for call, state, (H, Dk, Dv) in zip(args, states, self._shapes):
             C, n, m = state
-            if not (C.dtype is torch.float32 and n.dtype is torch.float32 and m.dtype is torch.float32
-                    and C.is_cpu and n.is_cpu and m.is_cpu and C.shape == (B, H, Dk, Dv) and n.shape == (B, H, Dk)
-                    and m.shape == (B, H) and C.is_contiguous() and n.is_contiguous() and m.is_contiguous()):
+            shapes = ((B, H, Dk, Dv), (B, H, Dk), (B, H))
+            if not all(_fits(t, shape) and t.is_contiguous() for t, shape in zip(state, shapes)):
                 return None
             y, C_out, n_out, m_out = x.new_empty(B, dim), C.new_empty(B, H, Dk, Dv), n.new_empty(B, H, Dk), m.new_empty(B, H)
             call.x, call.C, call.n, call.m = x.data_ptr(), C.data_ptr(), n.data_ptr(), m.data_ptr()

@@ -137,15 +137,20 @@ def _run_step(blocks: list[MLSTM7BBlock], x_t, states):
     if not torch.is_grad_enabled():
         run = _prepared_run(blocks, x_t)
         if run is not None:
-            out = run(x_t, [state if state is not None else block.init_state(x_t.shape[0], x_t.device)
-                            for block, state in zip(blocks, states)])
+            out = run(x_t, _states_or_zeros(blocks, states, x_t))
             if out is not None:
                 return out
     kernels = [block._compiled_step(x_t, state) for block, state in zip(blocks, states)]
     if any(kernel is None for kernel in kernels):
         return None
-    return blocks_step([(kernel, state if state is not None else block.init_state(x_t.shape[0], x_t.device),
-                         block._step_weights()) for kernel, block, state in zip(kernels, blocks, states)], x_t)
+    return blocks_step([(kernel, state, block._step_weights()) for kernel, block, state
+                        in zip(kernels, blocks, _states_or_zeros(blocks, states, x_t))], x_t)
+
+
+def _states_or_zeros(blocks: list[MLSTM7BBlock], states, x_t) -> list:
+    """Each block's state, its zero state where it is None."""
+    return [state if state is not None else block.init_state(x_t.shape[0], x_t.device)
+            for block, state in zip(blocks, states)]
 
 
 _run_step_outside_graph = torch.compiler.disable(_run_step)
@@ -161,7 +166,7 @@ def _prepared_run(blocks: list[MLSTM7BBlock], x_t) -> PreparedRun | None:
         return None
     runs, key = _PREPARED.setdefault(blocks[0], {}), tuple(map(id, blocks))
     run = runs.get(key)
-    if run is not None and run.dim == x_t.shape[1] and run.serves(blocks):
+    if run is not None and run.serves(blocks):
         return run
     runs.pop(key, None)
     kernels = [block._compiled_step(x_t, None) for block in blocks]
