@@ -7,7 +7,8 @@ machine and load them with ctypes.
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
 ``$XLSTM_ZOO_CACHE_DIR/cpp``). The cache key holds a hash of the sources, the flags, the compiler and
-this CPU (and of this file), because the library is built for the CPU it runs on (``-march=native``). A failed build warns
+this CPU (and of this file), because the library is built for the CPU it runs on (``-march=native``, or
+``$XLSTM_ZOO_CPU_TARGET``). A failed build warns
 once (:class:`CppBuildWarning`, with the compiler's own error lines) and the dispatcher falls back to the
 next backend; the user's run goes on.
 """
@@ -18,6 +19,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -43,13 +45,31 @@ LIBRARY = "libxlstm_zoo_loops.so"
 # every compiler knows -march=native.
 OPENMP = "-fopenmp"
 VECTOR_MATH = ["-DXLSTM_ZOO_VECTOR_MATH", "-fopenmp-simd", "-fno-math-errno"]
-FLAG_SETS = (
-    (["-O3", "-march=native", OPENMP, *VECTOR_MATH], ["-lmvec", "-Wl,-z,defs"]),
-    (["-O3", "-march=native", *VECTOR_MATH], ["-lmvec", "-Wl,-z,defs"]),
-    (["-O3", "-march=native", OPENMP], ["-Wl,-z,defs"]),
-    (["-O3", "-march=native"], []),
-    (["-O3"], []),
-)
+# The CPU the library is built for: this one by default; `XLSTM_ZOO_CPU_TARGET=x86-64-v3` (any -march
+# value) builds another kind's vector paths, so an AVX-512 machine also tests the AVX2 code and the
+# reverse where the CPU allows (CI runs the kernel parity tests on both). It is part of the cache key.
+ENV_CPU_TARGET = "XLSTM_ZOO_CPU_TARGET"
+_TARGET_CHARS = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
+def cpu_target() -> str:
+    """The ``-march`` value: ``$XLSTM_ZOO_CPU_TARGET`` or ``native``."""
+    target = os.environ.get(ENV_CPU_TARGET, "").strip() or "native"
+    if not _TARGET_CHARS.fullmatch(target):
+        raise ValueError(f"{ENV_CPU_TARGET}={target!r} is not a -march value; use e.g. native, x86-64-v2, "
+                         f"x86-64-v3, x86-64-v4, skylake-avx512 or znver3")
+    return target
+
+
+def flag_sets() -> tuple[tuple[list[str], list[str]], ...]:
+    """Tried in order: the first that compiles and links wins (see above)."""
+    march = f"-march={cpu_target()}"
+    return (
+        (["-O3", march, OPENMP, *VECTOR_MATH], ["-lmvec", "-Wl,-z,defs"]),
+        (["-O3", march, *VECTOR_MATH], ["-lmvec", "-Wl,-z,defs"]),
+        (["-O3", march, OPENMP], ["-Wl,-z,defs"]),
+        (["-O3", march], []),
+    ) + ((["-O3"], []),) * (march == "-march=native")   # a named target never falls back to another one
 BASE_FLAGS = ["-std=c++17", "-shared", "-fPIC", "-pthread"]
 
 
@@ -88,7 +108,7 @@ def cache_path() -> Path:
     base = Path(root) if root else Path.home() / ".cache" / "xlstm_zoo"
     digest = hashlib.sha256()
     files = (*SOURCES, *HEADERS, Path(__file__))
-    for part in (*(f.read_bytes() for f in files), str(compiler()).encode(), repr(FLAG_SETS).encode(),
+    for part in (*(f.read_bytes() for f in files), str(compiler()).encode(), repr(flag_sets()).encode(),
                  platform.machine().encode(), _cpu_fingerprint().encode()):
         digest.update(part)
     return base / "cpp" / digest.hexdigest()[:16] / LIBRARY
@@ -98,7 +118,7 @@ def _compile(target: Path) -> None:
     """Compile into a temporary file, then rename: a concurrent or interrupted build never leaves a torn library."""
     target.parent.mkdir(parents=True, exist_ok=True)
     errors = []
-    for flags, libraries in FLAG_SETS:
+    for flags, libraries in flag_sets():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
@@ -122,7 +142,10 @@ def flags_file(library_path: Path) -> Path:
 
 def built_with() -> str | None:
     """How the cached library for this machine was built ("vector maths" or "plain"), None if not built."""
-    path = cache_path()
+    try:
+        path = cache_path()
+    except ValueError as err:
+        return str(err)
     if not path.is_file():
         return None
     try:
@@ -130,7 +153,9 @@ def built_with() -> str | None:
     except OSError:
         return "unknown flags"
     maths = "vector maths (glibc libmvec)" if VECTOR_MATH[0] in flags else "plain maths (no vector maths library)"
-    return maths + (", OpenMP threads" if OPENMP in flags else ", own threads (no OpenMP)")
+    target = next((flag.removeprefix("-march=") for flag in flags if flag.startswith("-march=")), "generic")
+    return (maths + (", OpenMP threads" if OPENMP in flags else ", own threads (no OpenMP)")
+            + ("" if target == "native" else f", for {target} ({ENV_CPU_TARGET})"))
 
 
 def first_error(output: str, max_lines: int = 3) -> str:
@@ -200,8 +225,8 @@ class Build:
             return self.library, self.error
 
     def _build(self) -> None:
-        path = cache_path()
         try:
+            path = cache_path()
             if not path.is_file():
                 print(f"xlstm_zoo: compiling the C++ kernels (first use; cached in {path.parent})",
                       file=sys.stderr, flush=True)

@@ -164,8 +164,10 @@ def test_builds_once_and_reuses_the_cache(fresh_build, capfd):
     assert "compiling the C++ kernels" in capfd.readouterr().err
     path = build.cache_path()
     assert path.is_file() and str(path).startswith(str(build.Path(build.os.environ["XLSTM_ZOO_CACHE_DIR"])))
-    assert build.built_with() in [f"{maths}, {threads}" for maths in ("vector maths (glibc libmvec)",
-                                                                      "plain maths (no vector maths library)")
+    target = build.cpu_target()
+    suffix = "" if target == "native" else f", for {target} (XLSTM_ZOO_CPU_TARGET)"
+    assert build.built_with() in [f"{maths}, {threads}{suffix}" for maths in ("vector maths (glibc libmvec)",
+                                                                              "plain maths (no vector maths library)")
                                   for threads in ("OpenMP threads", "own threads (no OpenMP)")]
     second = build.Build()  # another process: finds the cached library, prints nothing
     assert second.get()[1] is None
@@ -177,8 +179,8 @@ def test_without_vector_maths_the_next_flag_set_builds(fresh_build, monkeypatch)
     """A toolchain without glibc's vector maths library (another libc, another platform) fails the flag
     sets that use it at link time; a plain build after them must still give a working library, with no warning."""
     missing = ["-lxlstm_zoo_no_such_library", "-Wl,-z,defs"]
-    monkeypatch.setattr(build, "FLAG_SETS", tuple((flags, missing if build.VECTOR_MATH[0] in flags else libraries)
-                                                  for flags, libraries in build.FLAG_SETS))
+    sets = tuple((flags, missing if build.VECTOR_MATH[0] in flags else libraries) for flags, libraries in build.flag_sets())
+    monkeypatch.setattr(build, "flag_sets", lambda: sets)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fresh_build.get()[1] is None
@@ -288,3 +290,27 @@ def test_lstm_low_precision_and_threads():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1].c, results[1][1].c)
+
+
+@needs_compiler
+@pytest.mark.skipif(build.platform.machine() != "x86_64", reason="x86-64-v2 is an x86-64 target")
+def test_a_named_cpu_target_builds_its_own_library(fresh_build, monkeypatch):
+    """XLSTM_ZOO_CPU_TARGET builds for that -march (here the SSE4.2 baseline: none of the AVX paths), cached
+    apart from the native build, and it computes the same maths."""
+    monkeypatch.delenv("XLSTM_ZOO_CPU_TARGET", raising=False)
+    native = build.cache_path()
+    monkeypatch.setenv("XLSTM_ZOO_CPU_TARGET", "x86-64-v2")
+    assert fresh_build.get()[1] is None
+    assert build.cache_path() != native
+    assert build.built_with().endswith(", for x86-64-v2 (XLSTM_ZOO_CPU_TARGET)")
+    assert "-march=x86-64-v2" in build.flags_file(build.cache_path()).read_text().split()
+    wx, R = make_inputs(2, 2, 7, 3, dtype=torch.float64)
+    h, _ = ops.slstm_sequence(wx, R, None, gates=GateSchemes(), backend="cpp")
+    torch.testing.assert_close(h, reference_slstm(wx, R, None, gates=GateSchemes())[0], rtol=1e-12, atol=1e-12)
+
+
+def test_a_malformed_cpu_target_warns_and_falls_back(fresh_build, monkeypatch):
+    monkeypatch.setenv("XLSTM_ZOO_CPU_TARGET", "native -O0")
+    with pytest.warns(build.CppBuildWarning, match="XLSTM_ZOO_CPU_TARGET='native -O0' is not a -march value"):
+        assert fresh_build.get()[0] is None
+    assert "is not a -march value" in build.built_with()
