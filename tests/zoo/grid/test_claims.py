@@ -139,14 +139,18 @@ def test_two_concurrent_launches_run_each_cell_once(tmp_path):
     while not list(out.glob("cells/*/claim.json")):  # the first launch is training its first cell
         assert time.time() < deadline and first.poll() is None, first.communicate()
         time.sleep(0.05)
-    procs = [first, launch()]
+    second = launch()
+    assert first.poll() is None, "the second launch starts while the first is still running"
+    procs = [first, second]
     outputs = [p.communicate(timeout=300) for p in procs]
     for proc, (_, err) in zip(procs, outputs):
         assert proc.returncode == 0, err.decode()[-2000:]
     summaries = [err.decode() for _, err in outputs]
     ran = [int(s.split(" cells ran")[0].split()[-1]) for s in summaries]
+    # The promise is each cell once, whoever takes it: how the cells split between the launches is the
+    # scheduler's business ([4, 0] when the first finished everything before the second looked, on a
+    # loaded machine; [2, 2] on an idle one).
     assert sum(ran) == 4, f"each cell ran exactly once across the two launches: {summaries}"
-    assert min(ran) >= 1, f"the launches overlapped and shared the cells: {ran}"
     for cell in (out / "cells").iterdir():
         attempts = (cell / "attempts.jsonl").read_text().splitlines()
         assert len(attempts) == 1, f"{cell.name} was claimed {len(attempts)} times"
