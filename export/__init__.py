@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import tempfile
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,12 +25,13 @@ from torch import nn
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.export import onnx as onnx_export
 from xlstm_zoo.export import validate as checks
-from xlstm_zoo.export.step_model import (NEXT, SAMPLE_HINT, ExportError, PrefillModule, StepModule, StepSignature, TensorSpec,
-                                         build_signature, named_state, prepare_model)
+from xlstm_zoo.export.step_model import (NEXT, REACH_STEPS, SAMPLE_HINT, ExportError, ExportWarning, PrefillModule,
+                                         StepModule, StepSignature, TensorSpec, build_signature, named_state,
+                                         prepare_model)
 from xlstm_zoo.export.tensorrt import trtexec_command
 from xlstm_zoo.export.validate import Report
 
-__all__ = ["DTYPES", "ExportError", "ExportResult", "NEXT", "StepModule", "StepSignature", "TensorSpec",
+__all__ = ["DTYPES", "ExportError", "ExportResult", "ExportWarning", "NEXT", "StepModule", "StepSignature", "TensorSpec",
            "build_signature", "export_step", "missing_toolchain", "named_state", "parse_batch", "versions"]
 
 # bfloat16 is not offered: several ONNX operators the graph uses (Einsum, ...) do not accept it, so the
@@ -148,10 +150,12 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     torch_dtype = DTYPES[dtype]
     work = prepare_model(model, torch_dtype)
     signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__)
-    missing = signature.undeclared() if validate else []
-    if missing:  # validation starts from a random state, which each state class declares how to draw
-        raise ExportError(f"{signature.source}: {missing[0]}: {SAMPLE_HINT}")
     module = StepModule(work, signature).eval()
+    missing = signature.undeclared() if validate else []
+    if missing:  # validation starts from a random state; export_sample is optional (plugin API 2)
+        signature.reach_with = module
+        warnings.warn(ExportWarning(f"{signature.source}: {missing[0]}: validating from the state its step reaches on "
+                                    f"{REACH_STEPS} random inputs instead; {SAMPLE_HINT}"), stacklevel=2)
     found = versions()
     meta = {"xlstm_zoo.opset": str(opset), "xlstm_zoo.dtype": dtype, "xlstm_zoo.batch": list(batch),
             "xlstm_zoo.source": signature.source}

@@ -38,6 +38,10 @@ class ExportError(ZooError):
     """A model or component that cannot be exported as asked (named in the message)."""
 
 
+class ExportWarning(UserWarning):
+    """Export went on with a default for something a component did not declare (named in the message)."""
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output of the step model; ``shape`` leaves out the batch axis."""
@@ -62,6 +66,9 @@ class StepSignature:
     template: object = field(repr=False)  # the zero state at batch 1: the nesting to rebuild
     vocab_size: int | None = None  # token inputs: ids are in [0, vocab_size)
     source: str = ""               # what was exported (class name, recipe), for messages
+    # Where a state class declares no export_sample (optional since plugin API 2): the step module whose
+    # state after REACH_STEPS random inputs from the zero state is the random state validation starts from.
+    reach_with: object = field(default=None, repr=False)
 
     @property
     def state_names(self) -> list[str]:
@@ -95,7 +102,15 @@ class StepSignature:
         return [torch.full(s.full_shape(batch), s.zero, dtype=s.dtype) for s in self.states]
 
     def random_state(self, batch: int, generator: torch.Generator) -> list[torch.Tensor]:
-        """A random state that the recurrence could reach (see :func:`random_state_values`)."""
+        """A random state that the recurrence could reach: drawn by each state class's ``export_sample``
+        (see :func:`random_state_values`), or, where one is not declared and ``reach_with`` is set, the
+        state ``reach_with`` (the step module) reaches from the zero state on :data:`REACH_STEPS` random inputs."""
+        if self.reach_with is not None and self.undeclared():
+            states = self.zero_state(batch)
+            with torch.no_grad():
+                for _ in range(REACH_STEPS):
+                    states = list(self.reach_with(self.example_input(batch, generator), *states)[1:])
+            return states
         nested = _random_like(self.template, batch, generator)
         return self.flatten(nested)
 
@@ -215,6 +230,7 @@ def named_state(model, state) -> list[tuple[str, torch.Tensor]]:
 
 # -- random states: read from each state class's declaration -----------------------------------------
 
+REACH_STEPS = 16
 SAMPLE_HINT = ("declare a classmethod export_sample(cls, like, generator) on it returning a state of like's shapes "
                "that the recurrence could reach (see docs/export.md, 'What a component declares')")
 

@@ -25,9 +25,10 @@ import pluggy
 
 from xlstm_zoo.errors import RegistryError
 from xlstm_zoo.plugins import status
+from xlstm_zoo.plugins.contract import declared_version
 from xlstm_zoo.plugins.guard import guard
 from xlstm_zoo.plugins.hookspecs import PROJECT, ZooHookSpecs
-from xlstm_zoo.plugins.status import CORE, PluginInfo, describe, report, strict
+from xlstm_zoo.plugins.status import CORE, PluginInfo, describe, report, strict, warn
 from xlstm_zoo.registry import Command
 from xlstm_zoo.version import __version__
 
@@ -149,6 +150,9 @@ def _load_one(pm: pluggy.PluginManager, registry, info: PluginInfo, load: Callab
         plugin = load()
     except (Exception, SystemExit) as err:
         return report(info, f"failed to import {info.target}: {describe(err)}", fatal=True)
+    info.api, problem = declared_version(plugin)
+    if problem and not info.is_core:
+        warn(info, problem)
     try:
         if pm.is_registered(plugin):  # e.g. named by an entry point and by XLSTM_ZOO_PLUGINS
             info.status, info.problems = "disabled", [f"already loaded as {pm.get_name(plugin)}"]

@@ -42,6 +42,8 @@ class PluginInfo:
     registered: list[str] = field(default_factory=list)  # "kind:name", in registration order
     overrides: list[str] = field(default_factory=list)  # "kind:name" registered with override=True
     checks: dict[str, str] = field(default_factory=dict)  # "kind:name" -> "passed" / "failed conformance ..." / "not checked: ..."
+    api: int = 1  # the plugin API version it was written against (xlstm_zoo.plugins.contract)
+    notes: list[str] = field(default_factory=list)  # warnings that leave it loaded (see warn())
 
     @property
     def source(self) -> str:
@@ -123,3 +125,12 @@ def report(info: PluginInfo, message: str, *, fatal: bool = False) -> None:
         raise PluginError(f"{text} (strict plugin mode)")
     hint = f"; disable it with XLSTM_ZOO_DISABLE_PLUGINS={info.source}" if fatal else ""
     warnings.warn(PluginWarning(f"xlstm-zoo: {text}{hint}"), stacklevel=2)
+
+
+def warn(info: PluginInfo, message: str) -> None:
+    """A problem that leaves ``info``'s plugin loaded: one warning (strict mode: :class:`PluginError`)."""
+    info.notes.append(message)
+    text = f"plugin {info.label}: {message}"
+    if strict():
+        raise PluginError(f"{text} (strict plugin mode)")
+    warnings.warn(PluginWarning(f"xlstm-zoo: {text}"), stacklevel=2)

@@ -16,6 +16,7 @@ from xlstm_zoo.cells import lstm, mlstm, slstm
 from xlstm_zoo.commands import bench, components, doctor, export, main_job, plugins, pretrained, recipes
 from xlstm_zoo.config import ZooConfig
 from xlstm_zoo.models import classifier, lm
+from xlstm_zoo.plugins.contract import PLUGIN_API_VERSION
 from xlstm_zoo.plugins.hookspecs import hookimpl
 from xlstm_zoo.registry import tagged_components
 from xlstm_zoo.tasks import formal_cf, formal_cs, formal_regular, retrieval, text
@@ -28,6 +29,9 @@ COMPONENT_MODULES = (lstm, slstm, mlstm, gates, norms, plain, residual, pre_up, 
 def backend_config(name: str) -> type[ZooConfig]:
     """The (field-less) config of a built-in backend: ``type: <name>``."""
     return create_model(f"{name.capitalize()}BackendConfig", __base__=ZooConfig, type=(Literal[name], name))
+
+
+XLSTM_ZOO_PLUGIN_API = PLUGIN_API_VERSION  # core speaks the host's version
 
 
 @hookimpl

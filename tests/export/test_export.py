@@ -33,7 +33,7 @@ from xlstm_zoo.cells.base import Cell
 from xlstm_zoo.checkpoint import save_checkpoint, write_model_dir
 from xlstm_zoo.config import BuildContext, ZooConfig, build
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.export import ExportError, build_signature, export_step, named_state
+from xlstm_zoo.export import ExportError, ExportWarning, build_signature, export_step, named_state
 from xlstm_zoo.export import tensorrt as trt_export
 from xlstm_zoo.export.step_model import StepModule, prepare_model
 from xlstm_zoo.export.validate import OrtStep, check_trt_ops, trt_supported_ops
@@ -578,14 +578,25 @@ class _UndeclaredCell(Cell):
         return self.proj(x_t), _UndeclaredState(state.h + x_t)
 
 
-def test_undeclared_state_is_a_clear_error(tmp_path):
-    """A state class without export_sample: the error names the class and what to declare (before exporting)."""
-    with pytest.raises(ExportError, match=r"state class _UndeclaredState .*declares no export_sample.*"
-                                          r"classmethod export_sample\(cls, like, generator\)"):
-        export_step(_UndeclaredCell(), tmp_path)
-    assert not (tmp_path / "step.onnx").exists()
+def test_undeclared_state_validates_from_a_reached_state(tmp_path):
+    """export_sample is optional (plugin API 2): without it, export warns, naming the class and what to
+    declare, and validation starts from the state the step reaches on random inputs."""
+    with pytest.warns(ExportWarning, match=r"state class _UndeclaredState .*declares no export_sample.*"
+                                           r"reaches on 16 random inputs.*classmethod export_sample\(cls, like, generator\)"):
+        result = export_step(_UndeclaredCell(), tmp_path, rollout_steps=20)
+    assert result.ok and (tmp_path / "step.onnx").exists()
+    assert any("from random" in row.check for row in result.report.rows)
     sig = build_signature(_UndeclaredCell())  # names and zeros need no sample: only validation does
     assert sig.state_names == ["_undeclaredcell.h"] and sig.undeclared()
+    with pytest.raises(ExportError, match="declares no export_sample"):  # no step to reach one with
+        sig.random_state(2, torch.Generator().manual_seed(0))
+    cell = _UndeclaredCell()
+    sig.reach_with = StepModule(cell, sig).eval()
+    reached = sig.random_state(2, torch.Generator().manual_seed(0))[0]
+    gen, expected = torch.Generator().manual_seed(0), torch.zeros(2, 4)
+    for _ in range(16):
+        expected = expected + torch.randn(2, 4, generator=gen)
+    torch.testing.assert_close(reached, expected)
 
 
 def test_module_without_step_input_is_a_clear_error():

@@ -30,8 +30,9 @@ import xlstm_zoo
 from venv_helpers import ROOT, clean_env, make_venv, run, show, under
 from xlstm_zoo import cli, testing
 from xlstm_zoo.config import BuildContext, ZooConfig
-from xlstm_zoo.export import missing_toolchain
+from xlstm_zoo.export import ExportWarning, missing_toolchain
 from xlstm_zoo.plugins import PROJECT, PluginError, PluginWarning, call_hook, hookimpl, hookspec
+from xlstm_zoo.plugins import contract
 from xlstm_zoo.plugins import status as plugin_status
 from xlstm_zoo.registry import Registry, registry
 
@@ -57,7 +58,7 @@ def table_rows(text: str) -> list[list[str]]:
 
 def plugin_rows(text: str) -> dict[str, dict[str, str]]:
     """`xlstm-zoo plugins` rows by distribution (or plugin name for a module without one)."""
-    names = ("distribution", "version", "plugin", "from", "status", "registered")
+    names = ("distribution", "version", "API", "plugin", "from", "status", "registered")
     out = {}
     for row in table_rows(text):
         if len(row) >= len(names):
@@ -732,7 +733,7 @@ def test_plugins_check_runs_conformance_on_plugin_components(fake, global_regist
     out, err = ANSI.sub("", captured.out), ANSI.sub("", captured.err)
     warned = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "backend 'kernels' failed to build: OSError" in warned[0], err
-    checks = {row[2] if row[0] == "(none)" else row[0]: row[-1] for row in table_rows(out) if len(row) == 7}
+    checks = {row[3] if row[0] == "(none)" else row[0]: row[-1] for row in table_rows(out) if len(row) == 8}
     assert checks[good] == "norm:checknorm: passed", checks
     assert "cell:crashy: failed conformance (xlstm_zoo.testing.check_cell): ZeroDivisionError: boom" in checks[cells]
     assert "cell:leaky: failed conformance (xlstm_zoo.testing.check_cell): cell 'leaky': two halves != whole" \
@@ -842,8 +843,88 @@ def test_example_mingru_own_tests_pass():
 
 
 @pytest.mark.skipif(bool(missing_toolchain()), reason="the export check needs the onnx extra")
-def test_check_cell_export_names_what_a_state_must_declare(monkeypatch):
+def test_check_cell_export_validates_a_state_without_export_sample(monkeypatch):
+    """export_sample is optional since plugin API 2: the export check passes from a reached state and says so."""
     monkeypatch.delattr(EMAState, "export_sample")
-    with pytest.raises(testing.ConformanceError, match=r"ONNX export: .*EMAState .*declares no export_sample"):
+    with pytest.warns(ExportWarning, match=r"EMAState .*declares no export_sample.*reaches on 16 random inputs"):
         testing.check_cell(EMACell(), gradcheck=False)
-    testing.check_cell(EMACell(), gradcheck=False, export=False)  # the rest of the contract holds
+
+
+# == the plugin API: last release's plugins keep passing ================================================
+
+PREVIOUS_RELEASE_PLUGIN = """
+from typing import Literal, NamedTuple
+import torch
+import xlstm_zoo
+from xlstm_zoo.cells.base import Cell
+from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.plugins import hookimpl
+{api}
+class GRUState(NamedTuple):  # written against the previous plugins page: no export_sample
+    h: torch.Tensor
+
+class GRUConfig(ZooConfig):
+    type: Literal["oldgru"] = "oldgru"
+
+@xlstm_zoo.component("cell", "oldgru", config=GRUConfig, description="a minimal GRU-like cell")
+class OldGRU(Cell):
+    def __init__(self, config, ctx):
+        super().__init__(ctx.dim, ctx.dim)
+        self.z, self.c = torch.nn.Linear(ctx.dim, ctx.dim), torch.nn.Linear(ctx.dim, ctx.dim)
+    def init_state(self, batch, device=None):
+        return GRUState(torch.zeros(batch, self.out_dim, device=device or self._device()))
+    def step(self, x_t, state, *, value_input=None):
+        v = x_t if value_input is None else value_input
+        z = torch.sigmoid(self.z(x_t))
+        h = (1 - z) * state.h + z * torch.tanh(self.c(v))
+        return h.to(x_t.dtype), GRUState(h)
+    def forward(self, x, state=None, *, value_input=None):
+        state = self.init_state(x.shape[0], x.device) if state is None else state
+        v, ys = (x if value_input is None else value_input), []
+        for t in range(x.shape[1]):
+            y, state = self.step(x[:, t], state, value_input=v[:, t])
+            ys.append(y)
+        return torch.stack(ys, 1), state
+
+@hookimpl
+def register_components(register):
+    register(OldGRU)
+"""
+
+
+def test_a_previous_release_plugin_passes_the_check_with_a_warning(fake, global_registry, capsys, monkeypatch):
+    monkeypatch.setattr(cli.console, "width", 300)
+    old = fake(PREVIOUS_RELEASE_PLUGIN.format(api=""))
+    assert cli.main(["--plugin", old, "plugins", "--check"]) == 0, "missing optional parts do not fail the check"
+    out = ANSI.sub("", capsys.readouterr().out)
+    row = plugin_rows(out)[old]
+    assert row["API"] == "1" and row["status"] == "loaded", row
+    check = next(r[-1] for r in table_rows(out) if len(r) == 8 and r[3] == old)
+    assert check.startswith("cell:oldgru: passed (warning: state class GRUState"), check
+    assert "declares no export_sample (optional since plugin API 2" in check, check
+    assert f"plugin API {contract.PLUGIN_API_VERSION}" in out
+
+
+@pytest.mark.parametrize("api, expected_api, message", [
+    ("XLSTM_ZOO_PLUGIN_API = 2", 2, None),
+    ("XLSTM_ZOO_PLUGIN_API = 99", 99, "written for plugin API 99, but this xlstm-zoo speaks 1 to 2: upgrade"),
+    ("XLSTM_ZOO_PLUGIN_API = '2'", 1, "XLSTM_ZOO_PLUGIN_API = '2' is not a plugin API version"),
+])
+def test_a_plugin_declares_its_api_version(fake, monkeypatch, api, expected_api, message):
+    module = fake(PREVIOUS_RELEASE_PLUGIN.format(api=api))
+    monkeypatch.setenv("XLSTM_ZOO_PLUGINS", module)
+    reg, caught = load()
+    info = info_of(reg, module)
+    assert info.status == "loaded" and info.registered == ["cell:oldgru"] and info.api == expected_api
+    texts = [str(w.message) for w in caught]
+    if message is None:
+        assert not texts, texts
+    else:
+        assert len(texts) == 1 and message in texts[0], texts
+
+
+def test_contract_versions_only_add_optional_parts():
+    """Each part added after version 1 is optional with a default: a plugin of any earlier version loads."""
+    assert contract.required(contract.PLUGIN_API_VERSION) == contract.required(1)
+    later = [p for p in contract.PARTS if p.since > 1]
+    assert later and all(not p.required and p.default for p in later)

@@ -4,8 +4,10 @@ conformance checks of :mod:`xlstm_zoo.testing` on every third-party component.""
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.table import Column
 
 from xlstm_zoo.commands.output import show, table
+from xlstm_zoo.plugins.contract import PLUGIN_API_VERSION
 from xlstm_zoo.plugins.guard import run_check
 from xlstm_zoo.registry import Command, registry
 
@@ -13,7 +15,7 @@ from xlstm_zoo.registry import Command, registry
 def _arguments(parser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="also run xlstm_zoo.testing's conformance checks on every third-party component "
-                             "(exit 1 on failure)")
+                             "(exit 1 on failure; missing optional parts of the plugin API are warnings)")
 
 
 STATUS_STYLE = {"loaded": "green", "failed": "red", "disabled": "dim"}
@@ -37,12 +39,15 @@ def cmd_plugins(args) -> int:
                         failed_checks += 1
                         info.status = "failed"
                         info.problems.append(f"{kind} {name!r} {result}")
-    rows = table("distribution", "version", "plugin", "from", "status", "registered", title="xlstm-zoo plugins")
+    rows = table(*(Column(name, no_wrap=True) for name in ("distribution", "version", "API", "plugin")), "from", "status",
+                 "registered", title=f"xlstm-zoo plugins (plugin API {PLUGIN_API_VERSION})")
     if args.check:
         rows.add_column("conformance (xlstm_zoo.testing)", overflow="fold")
     for info in infos:
         status = info.status if info.status == "loaded" else f"{info.status}: {info.reason}"
-        row = [info.distribution or "(none)", info.version or "-", info.name, info.origin,
+        if info.notes:
+            status += f" (warning: {'; '.join(info.notes)})"
+        row = [info.distribution or "(none)", info.version or "-", str(info.api), info.name, info.origin,
                f"[{STATUS_STYLE.get(info.status, 'bold')}]{escape(status)}", escape(", ".join(info.registered) or "-")]
         if args.check:
             row.append(escape("; ".join(f"{k}: {v}" for k, v in info.checks.items()) or "-"))
