@@ -88,7 +88,9 @@ def run_check(entry, builder=None, *, full: bool = True) -> str:
     if kind == "cell" and not full:
         kwargs["gradcheck"] = kwargs["export"] = False
     try:
-        with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
+        # On the CPU whatever the default device: a first build may happen on meta (a size count, the
+        # pretrained loader), where the check could compute nothing.
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"), torch.inference_mode(False), torch.enable_grad():
             testing.check_component(kind, config, **kwargs)
     except ConfigError as err:
         return f"not checked: the default config does not build at the check's size ({_one_line(str(err))})"
