@@ -117,12 +117,13 @@ class Stack(nn.Module):
         """For export's state names: the blocks the state tuple follows (``block{i}.``)."""
         return self.blocks
 
-    def check_state(self, state, x: torch.Tensor) -> None:
+    def check_state(self, state, batch: int, dtype: torch.dtype) -> None:
         """Raise :class:`~xlstm_zoo.errors.InputError` unless ``state`` (one entry per block, each as the
-        block's ``init_state`` makes it, or None for its zero state) fits the input ``x [B, ...]``: its
-        count, types, shapes and dtypes. Shapes and types only, no tensor is read; not while
-        exporting (the exported graph takes its states as declared inputs)."""
-        if torch.compiler.is_exporting() or torch.jit.is_tracing():
+        block's ``init_state`` makes it, or None for its zero state) fits an input of ``batch`` rows computed
+        in ``dtype``: its count, types, shapes and dtypes. Shapes and types only, no tensor is read. Not while
+        exporting (the exported graph takes its states as declared inputs) or compiling (a compiled caller
+        checks before calling: :meth:`CausalLM.compiled_step`)."""
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
             return
         specs = self._state_specs()
         if type(state) not in (tuple, list) or len(state) != len(specs):
@@ -130,10 +131,9 @@ class Stack(nn.Module):
                      else f"a {type(state).__name__}")
             raise InputError(f"state: {given} given, but the stack has {len(specs)} blocks (one entry per block, "
                              "or None for the zero state)")
-        batch = x.shape[0]
         for i, (block_state, spec) in enumerate(zip(state, specs)):
             if block_state is not None and not spec.fits(block_state, batch):
-                spec.check(block_state, batch=batch, dtype=x.dtype, what=f"block {i} ({self.block_types[i]})")
+                spec.check(block_state, batch=batch, dtype=dtype, what=f"block {i} ({self.block_types[i]})")
 
     def _state_specs(self) -> list[StateSpec]:
         """Each block's :class:`StateSpec`, read again after any module part was registered or replaced."""
@@ -147,7 +147,7 @@ class Stack(nn.Module):
         if state is None:
             state = (None,) * len(self.blocks)
         else:
-            self.check_state(state, x)
+            self.check_state(state, x.shape[0], x.dtype)
         new_state = []
         for block, block_state in zip(self.blocks, state):
             x, block_state = block(x, block_state)
@@ -159,7 +159,7 @@ class Stack(nn.Module):
         if state is None:
             state = self.init_state(x_t.shape[0], x_t.device)
         else:
-            self.check_state(state, x_t)
+            self.check_state(state, x_t.shape[0], x_t.dtype)
             if any(s is None for s in state):  # an entry left to its block's zero state
                 state = [s if s is not None else block.init_state(x_t.shape[0], x_t.device)
                          for s, block in zip(state, self.blocks)]

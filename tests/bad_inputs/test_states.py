@@ -188,3 +188,10 @@ def test_a_third_party_state_is_checked_by_the_same_rule():
         spec.check(good._replace(h=torch.zeros(5, 7)), batch=5, dtype=torch.float32, what="block 0 (plugin)")
     with pytest.raises(InputError, match=r"entry table: shape \(5, 3, 2\) given, \(3, 2\) expected"):
         spec.check(good._replace(table=torch.zeros(5, 3, 2)), batch=5, dtype=torch.float32, what="block 0 (plugin)")
+
+
+def test_the_compiled_step_checks_before_its_graph(lm, tokens, state):
+    """The check is left out of the compiled graph and runs before it: refused without compiling anything."""
+    step = lm.compiled_step()
+    refused(lambda: step(tokens[:, 0], state[:1]), "1 entry given")
+    refused(lambda: step(tokens[:, 0], replace(state, 0, conv=state[0].conv[:, :2])), "entry conv")

@@ -84,8 +84,15 @@ class CausalLM(nn.Module):
         if self._compiled_step is None:
             # cpp_wrapper: the compiled graph is launched from C++, not Python; 1.1-1.5x faster per
             # step than inductor's Python wrapper in the 7B-layout bench cases (d=256-1024, B=1/16).
-            self._compiled_step = compile_or_eager(self.step, what="the generation step (causal_lm.step)",
-                                                   options={"cpp_wrapper": True})
+            compiled = compile_or_eager(self.step, what="the generation step (causal_lm.step)",
+                                        options={"cpp_wrapper": True})
+
+            def checked_step(token, state):  # the state check, left out of the graph, runs here
+                check = getattr(self.stack, "check_state", None)
+                if check is not None and state is not None and isinstance(token, torch.Tensor):
+                    check(state, token.shape[0], self.embedding.weight.dtype)
+                return compiled(token, state)
+            self._compiled_step = checked_step
         return self._compiled_step
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
