@@ -91,7 +91,9 @@ def run_check(entry, builder=None, *, full: bool = True) -> str:
     if kind == "cell" and not full:
         kwargs["gradcheck"] = kwargs["export"] = False
     try:
-        with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad(), \
+        # On the CPU whatever the default device: a first build may happen on meta (a size count, the
+        # pretrained loader), where the check could compute nothing.
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"), torch.inference_mode(False), torch.enable_grad(), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore", ExportWarning)  # said below, once, as a missing optional part
             built = testing.check_component(kind, config, **kwargs)

@@ -49,3 +49,8 @@ class RegistryError(ZooError):
 
 class BackendError(ZooError, RuntimeError):
     """No backend can run an op as asked (forced backend unavailable or unsupported)."""
+
+
+class InputError(ZooError, ValueError):
+    """A bad argument to a model call: a state that does not fit the model, token ids outside the
+    vocabulary, generation settings out of range. Raised before anything is computed."""

@@ -17,9 +17,12 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from xlstm_zoo.backends.cpp.block_step import registrations
 from xlstm_zoo.blocks.post_up import PostUpBlockConfig
 from xlstm_zoo.blocks.pre_up import PreUpBlockConfig
+from xlstm_zoo.cells.base import StateSpec
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.errors import InputError
 from xlstm_zoo.norms import LayerNormConfig
 from xlstm_zoo.registry import component
 
@@ -114,8 +117,37 @@ class Stack(nn.Module):
         """For export's state names: the blocks the state tuple follows (``block{i}.``)."""
         return self.blocks
 
+    def check_state(self, state, batch: int, dtype: torch.dtype) -> None:
+        """Raise :class:`~xlstm_zoo.errors.InputError` unless ``state`` (one entry per block, each as the
+        block's ``init_state`` makes it, or None for its zero state) fits an input of ``batch`` rows computed
+        in ``dtype``: its count, types, shapes and dtypes. Shapes and types only, no tensor is read. Not while
+        exporting (the exported graph takes its states as declared inputs) or compiling (a compiled caller
+        checks before calling: :meth:`CausalLM.compiled_step`)."""
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return
+        specs = self._state_specs()
+        if type(state) not in (tuple, list) or len(state) != len(specs):
+            given = (f"{len(state)} {'entry' if len(state) == 1 else 'entries'}" if isinstance(state, (tuple, list))
+                     else f"a {type(state).__name__}")
+            raise InputError(f"state: {given} given, but the stack has {len(specs)} blocks (one entry per block, "
+                             "or None for the zero state)")
+        for i, (block_state, spec) in enumerate(zip(state, specs)):
+            if block_state is not None and not spec.fits(block_state, batch):
+                spec.check(block_state, batch=batch, dtype=dtype, what=f"block {i} ({self.block_types[i]})")
+
+    def _state_specs(self) -> list[StateSpec]:
+        """Each block's :class:`StateSpec`, read again after any module part was registered or replaced."""
+        changes = registrations()
+        if getattr(self, "_specs_at", None) != changes:
+            self._specs = [StateSpec(block.init_state) for block in self.blocks]
+            self._specs_at = registrations()  # reading the specs may itself have registered modules
+        return self._specs
+
     def forward(self, x: torch.Tensor, state: tuple | None = None):
-        state = state if state is not None else (None,) * len(self.blocks)
+        if state is None:
+            state = (None,) * len(self.blocks)
+        else:
+            self.check_state(state, x.shape[0], x.dtype)
         new_state = []
         for block, block_state in zip(self.blocks, state):
             x, block_state = block(x, block_state)
@@ -126,6 +158,11 @@ class Stack(nn.Module):
         """One token; ``state=None`` means the zero state, as in :meth:`forward`."""
         if state is None:
             state = self.init_state(x_t.shape[0], x_t.device)
+        else:
+            self.check_state(state, x_t.shape[0], x_t.dtype)
+            if any(s is None for s in state):  # an entry left to its block's zero state
+                state = [s if s is not None else block.init_state(x_t.shape[0], x_t.device)
+                         for s, block in zip(state, self.blocks)]
         first = type(self.blocks[0])
         run = getattr(first, "step_run", None) if all(type(block) is first for block in self.blocks) else None
         stepped = run(list(self.blocks), x_t, state) if run is not None else None

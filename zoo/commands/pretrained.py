@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from xlstm_zoo.commands.output import console, show, table
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.models.tokens import check_generation
 from xlstm_zoo.pretrained import PROVENANCE, from_pretrained, plan, save_pretrained
 from xlstm_zoo.pretrained.check import max_logit_difference, require
 from xlstm_zoo.registry import Command
@@ -91,8 +92,9 @@ def _generate_arguments(c) -> None:
     c.add_argument("--prompt", required=True, help="the text to continue")
     c.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     c.add_argument("--greedy", action="store_true", help="always the most likely token (default: sample)")
-    c.add_argument("--temperature", type=float, default=1.0)
-    c.add_argument("--top-k", type=int, default=None)
+    c.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature, finite and > 0 (default 1; for the most likely token use --greedy)")
+    c.add_argument("--top-k", type=int, default=None, help="sample among the K most likely tokens (K >= 1)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--dtype", default="keep", metavar="DTYPE", help="keep (default), float32, bfloat16, float16")
     c.add_argument("--compile", action="store_true",
@@ -110,10 +112,10 @@ def run_generate(args) -> int:
     except ImportError:
         raise ConfigError("generate needs the tokenizers package: pip install 'xlstm-zoo[hf]'") from None
     directory = Path(args.source)
-    if not (directory / "tokenizer.json").is_file():
-        raise ConfigError("no tokenizer.json here: generate works on checkpoints that ship one", file=str(directory))
-    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    check_generation(args.max_new_tokens, args.temperature, args.top_k, args.greedy)  # before loading anything
+    tokenizer = _tokenizer(Tokenizer, directory)
     model = from_pretrained(directory, dtype=_dtype(args.dtype))
+    _tokenizer_fits(tokenizer, model.embedding.num_embeddings, directory)
     info = _generation_info(model, directory)
     ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
     bos = info.get("bos_token_id")
@@ -140,6 +142,27 @@ def run_generate(args) -> int:
             shown = text
     sys.stdout.write("\n")
     return 0
+
+
+def _tokenizer(Tokenizer, directory: Path):
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError("no tokenizer.json here: generate works on checkpoints that ship one", file=str(directory))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # the tokenizers package raises a bare Exception for a file it cannot parse
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"tokenizer.json is not a tokenizer the tokenizers package can read ({reason})",
+                          file=str(path)) from None
+
+
+def _tokenizer_fits(tokenizer, vocab_size: int, directory: Path) -> None:
+    """Every id the tokenizer can produce must be a row of the model's embedding."""
+    largest = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+    if largest >= vocab_size:
+        raise ConfigError(f"tokenizer.json has ids up to {largest} but the model's vocabulary is {vocab_size} "
+                          f"(ids 0..{vocab_size - 1}): this tokenizer belongs to another model",
+                          file=str(directory / "tokenizer.json"))
 
 
 def _generation_info(model, directory: Path) -> dict:

@@ -13,6 +13,7 @@ from torch import nn
 
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
+from xlstm_zoo.models.tokens import embed_tokens
 from xlstm_zoo.registry import component
 from xlstm_zoo.stacks import XLSTMStackConfig
 
@@ -69,7 +70,7 @@ class Classifier(nn.Module):
 
     def forward(self, x: torch.Tensor, state: tuple | None = None):
         """``x [B, T]`` tokens or ``[B, T, input_dim]`` -> ``[B, classes]`` (or ``[B, T, classes]``), state."""
-        h, state = self.stack(self.embed(x), state)
+        h, state = self.stack(self._embed(x), state)
         if self.config.pool == "last":
             h = h[:, -1]
         elif self.config.pool == "mean":
@@ -78,5 +79,8 @@ class Classifier(nn.Module):
 
     def step(self, x_t: torch.Tensor, state: tuple | None):
         """One token (``[B]``) or vector (``[B, input_dim]``) -> per-token logits ``[B, classes]``, state."""
-        h, state = self.stack.step(self.embed(x_t), state)
+        h, state = self.stack.step(self._embed(x_t), state)
         return self.head(h), state
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        return embed_tokens(self.embed, x) if isinstance(self.embed, nn.Embedding) else self.embed(x)

@@ -11,8 +11,10 @@ from torch import nn
 from xlstm_zoo.backends.cpp.soft_cap import soft_cap
 from xlstm_zoo.compiling import compile_or_eager
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
+from xlstm_zoo.errors import InputError
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
 from xlstm_zoo.layers import Linear
+from xlstm_zoo.models.tokens import check_generation, check_token_ids, embed_tokens
 from xlstm_zoo.registry import component
 from xlstm_zoo.stacks import XLSTMStackConfig
 
@@ -66,12 +68,12 @@ class CausalLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, state: tuple | None = None):
         """``tokens [B, T]`` -> ``logits [B, T, vocab]``, final state."""
-        h, state = self.stack(self.embedding(tokens), state)
+        h, state = self.stack(embed_tokens(self.embedding, tokens), state)
         return self._logits(h), state
 
     def step(self, token: torch.Tensor, state: tuple | None):
         """``token [B]`` -> ``logits [B, vocab]``, next state (``state=None``: the zero state)."""
-        h, state = self.stack.step(self.embedding(token), state)
+        h, state = self.stack.step(embed_tokens(self.embedding, token), state)
         return self._logits(h), state
 
     def compiled_step(self):
@@ -82,8 +84,15 @@ class CausalLM(nn.Module):
         if self._compiled_step is None:
             # cpp_wrapper: the compiled graph is launched from C++, not Python; 1.1-1.5x faster per
             # step than inductor's Python wrapper in the 7B-layout bench cases (d=256-1024, B=1/16).
-            self._compiled_step = compile_or_eager(self.step, what="the generation step (causal_lm.step)",
-                                                   options={"cpp_wrapper": True})
+            compiled = compile_or_eager(self.step, what="the generation step (causal_lm.step)",
+                                        options={"cpp_wrapper": True})
+
+            def checked_step(token, state):  # the state check, left out of the graph, runs here
+                check = getattr(self.stack, "check_state", None)
+                if check is not None and state is not None and isinstance(token, torch.Tensor):
+                    check(state, token.shape[0], self.embedding.weight.dtype)
+                return compiled(token, state)
+            self._compiled_step = checked_step
         return self._compiled_step
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -101,15 +110,21 @@ class CausalLM(nn.Module):
                           generator=generator, compile=compile)
         return torch.cat([prompt, *(token[:, None] for token in new)], dim=1)
 
-    @torch.no_grad()
     def stream(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
                top_k: int | None = None, greedy: bool = False, generator: torch.Generator | None = None,
                compile: bool = False):
-        """As :meth:`generate`, but yield each new token ``[B]`` as soon as it is chosen."""
-        if prompt.ndim != 2 or prompt.shape[1] < 1:
-            raise ValueError(f"prompt must be [batch, T>=1] token ids, got shape {tuple(prompt.shape)}")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {temperature} (use greedy=True)")
+        """As :meth:`generate`, but yield each new token ``[B]`` as soon as it is chosen. The arguments are
+        checked here, before the first token (:class:`~xlstm_zoo.errors.InputError`)."""
+        if not isinstance(prompt, torch.Tensor) or prompt.ndim != 2 or prompt.shape[1] < 1:
+            raise InputError(f"prompt must be [batch, T>=1] token ids, got "
+                             f"{f'shape {tuple(prompt.shape)}' if isinstance(prompt, torch.Tensor) else type(prompt).__name__}")
+        check_token_ids(prompt, self.embedding.num_embeddings, "prompt")
+        check_generation(max_new_tokens, temperature, top_k, greedy)
+        return self._stream(prompt, max_new_tokens, temperature=temperature, top_k=top_k, greedy=greedy,
+                            generator=generator, compile=compile)
+
+    @torch.no_grad()
+    def _stream(self, prompt, max_new_tokens, *, temperature, top_k, greedy, generator, compile):
         step = self.compiled_step() if compile else self.step
         logits, state = self(prompt)
         logits = logits[:, -1]

@@ -17,29 +17,7 @@ from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.pretrained.mapping import Rule, check, convert, targets
 from xlstm_zoo.pretrained.tensorfile import TensorSource
 from xlstm_zoo.recipe import build, load_recipe
-
-GiB = 2**30
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Free bytes where the weights will live (None: unknown, no check)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-    return None
-
-
-def model_bytes(model: nn.Module, dtype: torch.dtype) -> int:
-    """Bytes of the distinct parameters and buffers in ``dtype`` (a tied weight counts once)."""
-    seen = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    return sum(t.numel() for t in seen.values()) * dtype.itemsize
+from xlstm_zoo.recipe.sizes import GiB, available_memory, model_bytes
 
 
 def ensure_memory(model: nn.Module, source: TensorSource, dtype: torch.dtype, device: torch.device) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from pydantic import ValidationError
 from torch import nn
 
@@ -15,6 +16,7 @@ from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe.files import load_with_extends, resolve_recipe
 from xlstm_zoo.recipe.overrides import apply_override, parse_override, profile_overrides
 from xlstm_zoo.recipe.schema import Recipe
+from xlstm_zoo.recipe.sizes import check_model_fits
 
 
 def load_recipe(source: str | Path | dict | Recipe, overrides: list[str] | None = None,
@@ -77,6 +79,7 @@ def build(recipe: str | Path | dict | Recipe | ZooConfig) -> nn.Module:
         loaded = with_task_vocab(recipe if isinstance(recipe, Recipe) else load_recipe(recipe))
         recipe, source = loaded.model, loaded._source
     try:
+        check_model_fits(recipe, torch.get_default_device())  # counted on meta before any weight is allocated
         return build_component(recipe, BuildContext(dim=getattr(recipe, "dim", 0), path="model"), "model")
     except ConfigError as err:  # dimension checks happen at build time: still name the file
         raise (err.located(file=source) if source and not err.file else err) from None

@@ -30,6 +30,7 @@ from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_sp
 from xlstm_zoo.training.metrics import MetricsLog
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
+from xlstm_zoo.recipe.sizes import check_training_fits
 
 CHECKPOINT = "checkpoint"  # a directory: see xlstm_zoo.checkpoint
 METRICS = "metrics.jsonl"
@@ -54,6 +55,18 @@ def build_model_for(recipe, task: Task) -> torch.nn.Module:
                           f"({task.vocab_size}); set model.vocab_size >= {task.vocab_size}",
                           path="model.vocab_size", file=recipe._source)
     return build(recipe)
+
+
+def check_step_fits(recipe, task: Task, rows: int, device: str) -> None:
+    """Before anything is allocated: one line if a training step cannot fit (see recipe.sizes); its
+    sequence length is that of a one-row batch drawn as the first step draws."""
+    cfg = recipe.train
+    length = task.batch("train", 1, _step_generator(cfg.seed, 0)).tokens.shape[1]
+    micro_rows = -(-rows // cfg.micro_batches)
+    try:
+        check_training_fits(with_task_vocab(recipe, task).model, micro_rows, length, device)
+    except ConfigError as err:
+        raise err.located(file=recipe._source) from None
 
 
 def _step_generator(seed: int, step: int) -> torch.Generator:
@@ -128,6 +141,7 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
            description: str) -> dict:
     torch.manual_seed(cfg.seed)
     task = build_task(recipe)
+    check_step_fits(recipe, task, rows, device)
     model = build_model_for(recipe, task).to(device)
     optimizer = adamw(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), cfg.lr, cfg.betas)
     log = MetricsLog(run_dir / METRICS if run_dir and ctx.is_main else None)
