@@ -272,8 +272,7 @@ def saved_step(path: str | Path) -> int | None:
     path = Path(path)
     if not path.is_dir() or not (path / STATE).is_file():
         return None
-    step = _read_state(path).get("step")
-    return int(step) if step is not None else None
+    return _read_state(path).get("step")
 
 
 def load_checkpoint(path: str | Path, *, map_location="cpu") -> tuple[Any, torch.nn.Module, dict]:
@@ -304,11 +303,14 @@ def _read_state(path: Path) -> dict:
     if not (path / STATE).is_file():
         return {}
     try:
-        state = json.loads((path / STATE).read_text())
-    except ValueError as err:
+        state = json.loads((path / STATE).read_bytes())
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
         raise ConfigError(f"not readable JSON ({err})", file=str(path / STATE)) from None
     if not isinstance(state, dict) or state.pop("format", FORMAT) != FORMAT:
         raise ConfigError(f"not an xlstm-zoo checkpoint state (format {FORMAT})", file=str(path / STATE))
+    step = state.get("step")
+    if "step" in state and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ConfigError(f"step is {step!r}; a checkpoint's step is a whole number >= 0", file=str(path / STATE))
     return state
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from xlstm_zoo.checkpoint import find_checkpoint, json_text, saved_step
 from xlstm_zoo.commands.output import show, table
 from xlstm_zoo.commands.recipes import RECIPE_HELP
 from xlstm_zoo.errors import ConfigError
@@ -24,7 +24,7 @@ from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
 from xlstm_zoo.training.distributed import DistContext, check_split, run_torchrun
-from xlstm_zoo.training.trainer import train
+from xlstm_zoo.training.trainer import CHECKPOINT, train
 
 SET_HELP = "override a field, e.g. --set train.steps=100 (repeatable; applied after --profile)"
 
@@ -86,11 +86,23 @@ def cmd_train(args) -> int:
         check_split(recipe.train.batch_size, args.nproc, recipe.train.micro_batches, recipe._source)
         return _launch_torchrun(args.nproc, args.argv)
     rank0 = DistContext.from_env().is_main
+    if rank0 and args.out:
+        _say_if_finished(Path(args.out), recipe)
     with Progress(*progress_columns(), console=Console(stderr=True), disable=not rank0) as progress:
         result = train(recipe, args.out, progress=progress, description=recipe.name or "training")
     if rank0:
-        print(json.dumps(result, indent=2))
+        print(json_text(result))
     return 0
+
+
+def _say_if_finished(out: Path, recipe) -> None:
+    """One line on stderr when ``train`` is re-run on a finished run (it prints the result again)."""
+    found = find_checkpoint(out / CHECKPOINT) if out.is_dir() else None
+    if found is not None and saved_step(found) == recipe.train.steps:
+        Console(stderr=True).print(
+            f"{out} already finished its {recipe.train.steps} steps: nothing is trained, its result is printed "
+            "again; to train longer, start a new run (another --out) with a larger train.steps", highlight=False,
+            soft_wrap=True)
 
 
 def _launch_torchrun(nproc: int, argv: list[str]) -> int:

@@ -35,7 +35,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, saved_step
+from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, json_text, saved_step
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.errors import ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
@@ -48,7 +48,7 @@ RESULT = "result.json"
 
 
 def write_json(path: Path, data) -> None:
-    text = json.dumps(data, indent=2, default=str) + "\n"
+    text = json_text(data) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
 
 
