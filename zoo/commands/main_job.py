@@ -19,7 +19,8 @@ from xlstm_zoo.grid.claims import describe, read_claim
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
 from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
-from xlstm_zoo.grid.runner import LocalExecutor, cell_states, progress_columns, read_result, run_grid
+from xlstm_zoo.grid.runner import (LocalExecutor, UnreadableResult, cell_states, progress_columns, read_result,
+                                   run_grid)
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
@@ -140,7 +141,10 @@ def cmd_grid(args) -> int:
 
         rows = table("cell", "overrides", "state", title=f"{len(cells)} cells -> {out}")
         for cell in cells:
-            result = read_result(out / "cells" / cell.id)
+            try:
+                result = read_result(out / "cells" / cell.id)
+            except UnreadableResult as err:
+                result = {"status": f"to run ({err})", "digest": cell.digest}
             state = ("invalid: " + cell.error) if cell.error else (
                 result["status"] if result and result.get("digest") == cell.digest else "to run")
             claim = read_claim(out / "cells" / cell.id)
@@ -179,10 +183,7 @@ def _executor(args, recipe):
 def _show_status(run_dir: Path) -> int:
     if not run_dir.is_dir():
         raise ConfigError(f"--status {run_dir}: no such directory (give a grid's run directory, e.g. runs/<name>)")
-    try:
-        states = cell_states(run_dir)
-    except FileNotFoundError as err:
-        raise ConfigError(str(err)) from None
+    states = cell_states(run_dir)
     tally = {}
     for row in states:
         tally[row["state"]] = tally.get(row["state"], 0) + 1
