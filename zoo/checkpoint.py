@@ -310,7 +310,7 @@ def _read_state(path: Path) -> dict:
         raise ConfigError(f"not an xlstm-zoo checkpoint state (format {FORMAT})", file=str(path / STATE))
     step = state.get("step")
     if "step" in state and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise ConfigError(f"step is {step!r}; a checkpoint's step is a whole number >= 0", file=str(path / STATE))
+        raise ConfigError(f"step {step!r}: a checkpoint's step is a whole number >= 0", file=str(path / STATE))
     return state
 
 
