@@ -125,11 +125,10 @@ def write_model_files(directory: Path, recipe_yaml: str, model: torch.nn.Module)
     """``recipe.yaml`` (``recipe_yaml``, from :func:`recipe_text`) and ``model.safetensors`` into
     ``directory``, the new one that :func:`replace_directory` is filling."""
     directory = Path(directory)
-    text = recipe_yaml
     metadata = {"format": "pt", "producer": "xlstm-zoo", "xlstm_zoo_format": str(FORMAT)}
     # save_model stores a tied weight once (safetensors refuses shared storage); load_model restores it
     atomic_file(directory / WEIGHTS, lambda tmp: safetensors.torch.save_model(model, str(tmp), metadata))
-    atomic_write(directory / RECIPE, lambda f: f.write(text.encode()))
+    atomic_write(directory / RECIPE, lambda f: f.write(recipe_yaml.encode()))
 
 
 def read_model_dir(directory: str | Path, *, dtype: torch.dtype | str | None = None,
@@ -189,13 +188,15 @@ def save_checkpoint(path: str | Path, recipe, model: torch.nn.Module, *, optimiz
     _legacy(path).unlink(missing_ok=True)  # a format-1 file superseded by this one
 
 
-def replace_directory(path: str | Path, fill, *, backup: Path | None = None, keep_foreign: bool = True) -> list[str]:
+def replace_directory(path: str | Path, fill, *, backup: Path | None = None, keep_foreign: bool = True) -> None:
     """Put a new directory at ``path``: ``fill(tmp)`` writes it into an empty directory beside
     ``path``, which is then swapped in by :func:`_swap_in` (``backup``: where the old directory
     waits meanwhile; default ``.NAME.old``). With ``keep_foreign``, files of the old directory that
     no checkpoint reader takes (not in :data:`READER_FILES`) are linked into the new one, and a
-    sub-directory that is not ours is refused before anything is written. Returns the kept names."""
+    sub-directory that is not ours is refused before anything is written."""
     path = Path(path).absolute()
+    if path.is_symlink():
+        path = path.resolve()  # replace the directory it points to, not the link
     if path.exists() and not path.is_dir():
         raise ConfigError("exists and is a file: a checkpoint is a directory (give a new or existing directory)",
                           file=str(path))
@@ -219,7 +220,6 @@ def replace_directory(path: str | Path, fill, *, backup: Path | None = None, kee
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _swap_in(tmp, path, backup or path.with_name(f".{path.name}.old"))
-    return sorted(p.name for p in foreign)
 
 
 def _foreign_entries(path: Path) -> list[Path]:

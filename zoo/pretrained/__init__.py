@@ -12,7 +12,6 @@ our own (:mod:`.zoo_layout`). Every conversion is strict (:mod:`.mapping`); the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
