@@ -90,8 +90,8 @@ def load_into(model: nn.Module, rules: list[Rule], source: TensorSource, *, dtyp
         dtype = weights_dtype(source, rules)
     if memory_check:
         ensure_memory(model, source, dtype, device)
-    kept = {name: t.dtype for name, t in model.state_dict(keep_vars=True).items() if not t.is_floating_point()}
-    state = dict(convert(rules, source, dtypes={r.target: kept.get(r.target, dtype) for r in rules}, device=device))
+    exact = {name: t.dtype for name, t in model.state_dict(keep_vars=True).items() if not t.is_floating_point()}
+    state = dict(convert(rules, source, dtype=dtype, device=device, exact=exact))
     # a tied weight appears under each of its names in state_dict(): give every alias the one tensor
     names_of = {}
     for name, tensor in model.state_dict(keep_vars=True).items():

@@ -83,10 +83,12 @@ def check(rules: list[Rule], source: TensorSource, expected: dict[str, tuple[int
         raise MappingError(f"{len(problems)} mapping problem(s): " + "; ".join(problems))
 
 
-def convert(rules: list[Rule], source: TensorSource, *, dtypes: dict[str, torch.dtype], device="cpu"):
-    """Yield ``(target, tensor)`` one rule at a time, cast to ``dtypes[target]`` (refused where a
-    value does not fit that dtype's range), on ``device``; a source tensor read for several rules
-    in a row (a fused weight) is read once."""
+def convert(rules: list[Rule], source: TensorSource, *, dtype: torch.dtype | None, device="cpu",
+            exact: dict[str, torch.dtype] | None = None):
+    """Yield ``(target, tensor)`` one rule at a time, on ``device``, cast to ``dtype`` (None: kept)
+    or, for a target in ``exact`` (the model's integer tensors), to its own dtype; a cast that a
+    value does not fit is refused. A source tensor read for several rules in a row (a fused weight)
+    is read once."""
     cached: tuple[str, torch.Tensor] | None = None
     for rule in rules:
         tensors = []
@@ -95,7 +97,8 @@ def convert(rules: list[Rule], source: TensorSource, *, dtypes: dict[str, torch.
                 cached = (key, source.load(key))
             tensors.append(cached[1])
         out = rule.apply(*tensors)
-        cast = out.to(device=device, dtype=dtypes[rule.target], copy=True).contiguous()
+        target_dtype = (exact or {}).get(rule.target, dtype or out.dtype)
+        cast = out.to(device=device, dtype=target_dtype, copy=True).contiguous()
         _check_range(out, cast, rule)
         yield rule.target, cast
 
