@@ -6,10 +6,14 @@ checkpoint* is a model directory plus ``optimizer.pt`` (the optimiser's state: t
 data, read back with ``torch.load(weights_only=True)``, which refuses anything else) and
 ``state.json`` (the step and other plain values).
 
-A training checkpoint is written whole into a temporary directory beside it, then swapped in with
-two renames: ``NAME`` -> ``NAME.old``, temporary -> ``NAME``. A run killed at any moment leaves a
-complete ``NAME``, or (between the two renames) only a complete ``NAME.old``; readers fall back to
-it, so they always see the old checkpoint or the new one, never a torn one.
+Every checkpoint directory (a training checkpoint, a model directory, a converted checkpoint) is
+written whole into a temporary directory beside it, then swapped in with two renames: ``NAME`` ->
+a backup, temporary -> ``NAME`` (:func:`replace_directory`). No file of an older checkpoint is left
+for a reader to take (an old shard index beside new weights), and a run killed at any moment leaves
+a complete ``NAME``, or (between the two renames) only the complete backup: ``NAME.old`` for a
+training checkpoint, which readers fall back to, so they always see the old checkpoint or the new
+one, never a torn one. Files in a model directory that no checkpoint reader takes (a README, a
+tokenizer) are carried into the new one.
 
 Format-1 checkpoints (one ``torch.save`` pickle, written before the directory layout) are still
 read, through ``torch.load(weights_only=True)``: a file that needs more than tensors and plain
@@ -18,11 +22,14 @@ data to unpickle (a pickle that would run code) is refused with one line, and no
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import math
 import os
 import pickle
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,27 @@ RECIPE = "recipe.yaml"
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 STATE = "state.json"
+# Every file some checkpoint reader takes (ours, Hugging Face, xlstm_large): replaced as a whole on a
+# save; anything else in a model directory is the user's and is carried over.
+READER_FILES = (RECIPE, "model*.safetensors", "model.safetensors.index.json", OPTIMIZER, STATE,
+                "config.json", "config.yaml", "generation_config.json", "convert.json")
+
+
+def json_text(data, indent: int | None = 2, default=str) -> str:
+    """``data`` as strict JSON: a non-finite float becomes the string ``"nan"``, ``"inf"`` or
+    ``"-inf"`` (Python's ``json`` would write ``NaN``, which no other JSON reader accepts;
+    ``float()`` reads the strings back). ``default``: how other values are written (None: refused)."""
+    return json.dumps(_finite(data), indent=indent, default=default, allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def atomic_write(path: str | Path, write) -> None:
@@ -81,15 +109,26 @@ def _fsync_dir(path) -> None:
 # ----------------------------------------------------------------------------- model directories
 
 def write_model_dir(directory: str | Path, recipe, model: torch.nn.Module) -> None:
-    """Write ``recipe.yaml`` and ``model.safetensors`` into ``directory`` (created if missing;
-    other files in it are left alone). ``recipe`` is a Recipe or its dict (validated first). Each
-    file is replaced atomically; :func:`save_checkpoint` replaces a whole directory."""
+    """Make ``directory`` a model directory of ``model``: ``recipe.yaml`` and ``model.safetensors``
+    (``recipe``: a Recipe or its dict, validated first). The directory is replaced as a whole
+    (:func:`replace_directory`): no file of an older checkpoint stays; the user's files do."""
+    text = recipe_text(recipe)  # a bad recipe fails before anything is written
+    replace_directory(directory, lambda tmp: write_model_files(tmp, text, model))
+
+
+def recipe_text(recipe) -> str:
+    """The recipe (a Recipe or its dict, validated) as the YAML a model directory holds."""
+    return yaml.safe_dump(load_recipe(recipe).model_dump(), sort_keys=False)
+
+
+def write_model_files(directory: Path, recipe_yaml: str, model: torch.nn.Module) -> None:
+    """``recipe.yaml`` (``recipe_yaml``, from :func:`recipe_text`) and ``model.safetensors`` into
+    ``directory``, the new one that :func:`replace_directory` is filling."""
     directory = Path(directory)
-    text = yaml.safe_dump(load_recipe(recipe).model_dump(), sort_keys=False)
     metadata = {"format": "pt", "producer": "xlstm-zoo", "xlstm_zoo_format": str(FORMAT)}
     # save_model stores a tied weight once (safetensors refuses shared storage); load_model restores it
     atomic_file(directory / WEIGHTS, lambda tmp: safetensors.torch.save_model(model, str(tmp), metadata))
-    atomic_write(directory / RECIPE, lambda f: f.write(text.encode()))
+    atomic_write(directory / RECIPE, lambda f: f.write(recipe_yaml.encode()))
 
 
 def read_model_dir(directory: str | Path, *, dtype: torch.dtype | str | None = None,
@@ -136,27 +175,69 @@ def save_checkpoint(path: str | Path, recipe, model: torch.nn.Module, *, optimiz
     """Write the training checkpoint directory ``path`` as a whole: the model directory, the
     optimiser's ``state_dict()`` if given, and ``state`` (JSON values, e.g. ``step=``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state_text = json.dumps({"format": FORMAT, **state}, indent=2) + "\n"  # fails before anything is written
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        write_model_dir(tmp, recipe, model)
+    state_text = json_text({"format": FORMAT, **state}, default=None) + "\n"  # fails before anything is written
+    recipe_yaml = recipe_text(recipe)
+
+    def fill(tmp: Path) -> None:
+        write_model_files(tmp, recipe_yaml, model)
         if optimizer is not None:
             atomic_file(tmp / OPTIMIZER, lambda t: torch.save(optimizer, t))
         atomic_write(tmp / STATE, lambda f: f.write(state_text.encode()))
+
+    replace_directory(path, fill, backup=_old(path), keep_foreign=False)
+    _legacy(path).unlink(missing_ok=True)  # a format-1 file superseded by this one
+
+
+def replace_directory(path: str | Path, fill, *, backup: Path | None = None, keep_foreign: bool = True) -> None:
+    """Put a new directory at ``path``: ``fill(tmp)`` writes it into an empty directory beside
+    ``path``, which is then swapped in by :func:`_swap_in` (``backup``: where the old directory
+    waits meanwhile; default ``.NAME.old``). With ``keep_foreign``, files of the old directory that
+    no checkpoint reader takes (not in :data:`READER_FILES`) are linked into the new one, and a
+    sub-directory that is not ours is refused before anything is written."""
+    path = Path(path).absolute()
+    if path.is_symlink():
+        path = path.resolve()  # replace the directory it points to, not the link
+    if path.exists() and not path.is_dir():
+        raise ConfigError("exists and is a file: a checkpoint is a directory (give a new or existing directory)",
+                          file=str(path))
+    foreign = _foreign_entries(path) if keep_foreign else []
+    folders = [p.name + "/" for p in foreign if not p.is_file() or p.is_symlink()]
+    if folders:
+        raise ConfigError(f"holds {', '.join(folders)}, which no checkpoint has: a save replaces the directory as a "
+                          "whole, so save into another directory or move them away", file=str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    tmp.mkdir()  # not mkdtemp: the directory gets the umask's permissions, as any the user makes
+    try:
+        fill(tmp)
+        for entry in foreign:
+            if not (tmp / entry.name).exists():
+                _link_or_copy(entry, tmp / entry.name)
         _fsync_dir(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _swap_in(tmp, path)
+    _swap_in(tmp, path, backup or path.with_name(f".{path.name}.old"))
 
 
-def _swap_in(tmp: Path, path: Path) -> None:
+def _foreign_entries(path: Path) -> list[Path]:
+    if not path.is_dir():
+        return []
+    return sorted(p for p in path.iterdir() if not any(fnmatch.fnmatchcase(p.name, f) for f in READER_FILES))
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)  # the same data under both names: nothing copied, nothing lost
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _swap_in(tmp: Path, path: Path, old: Path) -> None:
     """Put the complete directory ``tmp`` at ``path``; a kill at any point leaves a complete
-    ``path`` or, between the two renames, a complete ``path.old`` (see :func:`find_checkpoint`)."""
-    old = _old(path)
+    ``path`` or, between the two renames, a complete ``old`` (see :func:`find_checkpoint`)."""
     if path.exists():
         if old.exists():
             shutil.rmtree(old)  # a kill after an earlier swap left it; `path` is newer
@@ -164,7 +245,6 @@ def _swap_in(tmp: Path, path: Path) -> None:
     os.rename(tmp, path)  # until here `old` is the checkpoint
     _fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
-    _legacy(path).unlink(missing_ok=True)  # a format-1 file superseded by this one
 
 
 def _old(path: Path) -> Path:
@@ -192,8 +272,7 @@ def saved_step(path: str | Path) -> int | None:
     path = Path(path)
     if not path.is_dir() or not (path / STATE).is_file():
         return None
-    step = _read_state(path).get("step")
-    return int(step) if step is not None else None
+    return _read_state(path).get("step")
 
 
 def load_checkpoint(path: str | Path, *, map_location="cpu") -> tuple[Any, torch.nn.Module, dict]:
@@ -224,11 +303,14 @@ def _read_state(path: Path) -> dict:
     if not (path / STATE).is_file():
         return {}
     try:
-        state = json.loads((path / STATE).read_text())
-    except ValueError as err:
+        state = json.loads((path / STATE).read_bytes())
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
         raise ConfigError(f"not readable JSON ({err})", file=str(path / STATE)) from None
     if not isinstance(state, dict) or state.pop("format", FORMAT) != FORMAT:
         raise ConfigError(f"not an xlstm-zoo checkpoint state (format {FORMAT})", file=str(path / STATE))
+    step = state.get("step")
+    if "step" in state and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ConfigError(f"step {step!r}: a checkpoint's step is a whole number >= 0", file=str(path / STATE))
     return state
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from xlstm_zoo.checkpoint import find_checkpoint, json_text, saved_step
 from xlstm_zoo.commands.output import show, table
 from xlstm_zoo.commands.recipes import RECIPE_HELP
 from xlstm_zoo.errors import ConfigError
@@ -19,12 +19,13 @@ from xlstm_zoo.grid.claims import describe, read_claim
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
 from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
-from xlstm_zoo.grid.runner import LocalExecutor, cell_states, progress_columns, read_result, run_grid
+from xlstm_zoo.grid.runner import (LocalExecutor, UnreadableResult, cell_states, progress_columns, read_result,
+                                   run_grid)
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
 from xlstm_zoo.training.distributed import DistContext, check_split, run_torchrun
-from xlstm_zoo.training.trainer import train
+from xlstm_zoo.training.trainer import CHECKPOINT, train
 
 SET_HELP = "override a field, e.g. --set train.steps=100 (repeatable; applied after --profile)"
 
@@ -86,11 +87,23 @@ def cmd_train(args) -> int:
         check_split(recipe.train.batch_size, args.nproc, recipe.train.micro_batches, recipe._source)
         return _launch_torchrun(args.nproc, args.argv)
     rank0 = DistContext.from_env().is_main
+    if rank0 and args.out:
+        _say_if_finished(Path(args.out), recipe)
     with Progress(*progress_columns(), console=Console(stderr=True), disable=not rank0) as progress:
         result = train(recipe, args.out, progress=progress, description=recipe.name or "training")
     if rank0:
-        print(json.dumps(result, indent=2))
+        print(json_text(result))
     return 0
+
+
+def _say_if_finished(out: Path, recipe) -> None:
+    """One line on stderr when ``train`` is re-run on a finished run (it prints the result again)."""
+    found = find_checkpoint(out / CHECKPOINT) if out.is_dir() else None
+    if found is not None and saved_step(found) == recipe.train.steps:
+        Console(stderr=True).print(
+            f"{out} already finished its {recipe.train.steps} steps: nothing is trained, its result is printed "
+            "again; to train longer, start a new run (another --out) with a larger train.steps", highlight=False,
+            soft_wrap=True)
 
 
 def _launch_torchrun(nproc: int, argv: list[str]) -> int:
@@ -128,7 +141,10 @@ def cmd_grid(args) -> int:
 
         rows = table("cell", "overrides", "state", title=f"{len(cells)} cells -> {out}")
         for cell in cells:
-            result = read_result(out / "cells" / cell.id)
+            try:
+                result = read_result(out / "cells" / cell.id)
+            except UnreadableResult as err:
+                result = {"status": f"to run ({err})", "digest": cell.digest}
             state = ("invalid: " + cell.error) if cell.error else (
                 result["status"] if result and result.get("digest") == cell.digest else "to run")
             claim = read_claim(out / "cells" / cell.id)
@@ -167,10 +183,7 @@ def _executor(args, recipe):
 def _show_status(run_dir: Path) -> int:
     if not run_dir.is_dir():
         raise ConfigError(f"--status {run_dir}: no such directory (give a grid's run directory, e.g. runs/<name>)")
-    try:
-        states = cell_states(run_dir)
-    except FileNotFoundError as err:
-        raise ConfigError(str(err)) from None
+    states = cell_states(run_dir)
     tally = {}
     for row in states:
         tally[row["state"]] = tally.get(row["state"], 0) + 1

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
+from xlstm_zoo.checkpoint import atomic_write, json_text
 from xlstm_zoo.commands.output import console, show, table
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.models.tokens import check_generation
@@ -71,7 +72,9 @@ def run_convert(args) -> int:
         require(p.opened)
     model = from_pretrained(args.source, dtype=dtype, layout=args.layout, config=args.config)
     files = save_pretrained(model, args.out, layout=args.to)
-    console.print(f"wrote {escape(str(args.out))}: {', '.join(files)}", highlight=False, soft_wrap=True)
+    kept = sorted(p.name for p in Path(args.out).iterdir() if p.name not in files)  # the user's, carried over
+    console.print(f"wrote {escape(str(args.out))}: {', '.join(files)}" + (f" (kept: {escape(', '.join(kept))})"
+                  if kept else ""), highlight=False, soft_wrap=True)
     if args.check:
         diff = max_logit_difference(model, p.opened, tokens=args.tokens)
         console.print(f"check: max |logit difference| vs the official implementation = {diff:.3g} "
@@ -80,7 +83,8 @@ def run_convert(args) -> int:
         provenance = Path(args.out) / PROVENANCE
         data = json.loads(provenance.read_text())
         data["check"] = {"max_abs_logit_difference": diff, "tokens": args.tokens}
-        provenance.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        text = json_text(data) + "\n"
+        atomic_write(provenance, lambda f: f.write(text.encode()))
         if not diff <= 1e-3:
             console.print("[bold red]check failed[/]: larger than 1e-3", highlight=False)
             return 1

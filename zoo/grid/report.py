@@ -1,5 +1,9 @@
 """Reports of a grid run: a markdown table (mean +- std over seeds), a CSV and a PNG plot, with
-the paper's numbers beside ours where the recipe maps the grid to a paper table."""
+the paper's numbers beside ours where the recipe maps the grid to a paper table.
+
+Only seeds are averaged: a label that varies across the cells (the variant, an axis, a zipped
+path) and is neither the report's ``rows`` nor its ``columns`` is added to the row's name
+(``small, train.lr=0.003``), so different settings are never averaged as if they were seeds."""
 
 from __future__ import annotations
 
@@ -14,13 +18,14 @@ from pathlib import Path
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe import PaperConfig, ReportConfig
-from xlstm_zoo.grid.runner import RESULT
+from xlstm_zoo.grid.runner import UnreadableResult, read_manifest, read_result
 
 
 @dataclass
 class Group:
     values: list[float] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # cells whose result.json does not parse
     pending: int = 0
     paper: float | None = None
     paper_std: float | None = None
@@ -67,6 +72,8 @@ class Report:
             parts.append(f"{fmt(g.mean)} ± {fmt(g.std)}{seeds}")
         if g.failed:
             parts.append(f"failed {len(g.failed)}")
+        if g.unreadable:
+            parts.append(f"unreadable {len(g.unreadable)}")
         if g.pending:
             parts.append(f"pending {g.pending}")
         if g.paper is not None:
@@ -80,7 +87,8 @@ class Report:
                          "paper_std", "errors", "values"])
         for (row, column), g in self.groups.items():
             writer.writerow([row, column, self.metric, self.split, g.mean, g.std, len(g.values), len(g.failed),
-                             g.pending, g.paper, g.paper_std, " | ".join(g.failed), " ".join(f"{v:.6g}" for v in g.values)])
+                             g.pending, g.paper, g.paper_std, " | ".join(g.failed + g.unreadable),
+                             " ".join(f"{v:.6g}" for v in g.values)])
         return out.getvalue()
 
 
@@ -104,21 +112,34 @@ def _label(labels: dict, key: str | None) -> str:
     return "(base)" if value is None else str(value)
 
 
+def _varying(cells: list[dict], keep: tuple[str | None, ...]) -> list[str]:
+    """Labels other than the seed and ``keep`` whose value differs between cells, in label order."""
+    names = dict.fromkeys(k for c in cells for k in c["labels"])
+    return [k for k in names if k != "seed" and k not in keep
+            and len({json.dumps(c["labels"].get(k), sort_keys=True) for c in cells}) > 1]
+
+
+def _row(labels: dict, key: str, extra: list[str]) -> str:
+    parts = [] if key == "variant" and labels.get("variant") is None and extra else [_label(labels, key)]
+    return ", ".join(parts + [f"{k}={labels.get(k)}" for k in extra])
+
+
 def build_report(run_dir: str | Path) -> Report:
     run_dir = Path(run_dir)
-    manifest_path = run_dir / "grid.json"
-    if not manifest_path.exists():
-        raise ConfigError(f"{run_dir} is not a grid run directory (no grid.json); run `xlstm-zoo grid RECIPE` first")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(run_dir)
     cfg = ReportConfig.model_validate(manifest["report"])
+    extra = _varying(manifest["cells"], (cfg.rows, cfg.columns))
     rows, columns, groups = [], [], {}
     for cell in manifest["cells"]:
-        row, column = _label(cell["labels"], cfg.rows), _label(cell["labels"], cfg.columns)
+        row, column = _row(cell["labels"], cfg.rows, extra), _label(cell["labels"], cfg.columns)
         rows += [row] if row not in rows else []
         columns += [column] if column not in columns else []
         group = groups.setdefault((row, column), Group())
-        result_path = run_dir / "cells" / cell["id"] / RESULT
-        result = json.loads(result_path.read_text()) if result_path.exists() else None
+        try:
+            result = read_result(run_dir / "cells" / cell["id"])
+        except UnreadableResult as err:
+            group.unreadable.append(f"{err} (the grid runs the cell again)")
+            continue
         if result is None or result.get("digest") != cell["digest"]:
             group.pending += 1
         elif result["status"] != "finished":

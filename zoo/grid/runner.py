@@ -8,7 +8,10 @@ Layout of a run directory::
     cells/<cell id>/result.json                    (written last, atomically: the cell is done)
 
 Re-running skips cells whose result.json exists for the same digest, resumes a cell with a
-checkpoint but no result, and starts the others. A killed run (even SIGKILL) loses no finished
+checkpoint but no result, and starts the others. A result.json that does not parse (torn by hand,
+or by a disk that filled) is named in one line and its cell runs again (a cell trained to its last
+step only re-evaluates); a grid.json that is not a manifest of ours stops every command that reads
+it with one line saying what it is and how to recover. A killed run (even SIGKILL) loses no finished
 cell and leaves no torn file: every file a reader trusts is written to a temporary name and
 renamed into place.
 
@@ -21,6 +24,7 @@ finished it; ``wait=False`` leaves such cells to their holder instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import socket
@@ -35,9 +39,9 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, saved_step
+from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, json_text, saved_step
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
-from xlstm_zoo.errors import ZooError
+from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.training.distributed import check_split, run_torchrun
@@ -48,15 +52,70 @@ RESULT = "result.json"
 
 
 def write_json(path: Path, data) -> None:
-    text = json.dumps(data, indent=2, default=str) + "\n"
+    text = json_text(data) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
 
 
+class UnreadableResult(ZooError):
+    """A cell's result.json that does not parse as a result: the cell counts as not done."""
+
+
 def read_result(cell_dir: Path) -> dict | None:
+    """The cell's result, None if it has none; :class:`UnreadableResult` if the file is not one."""
     path = cell_dir / RESULT
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    result = _read_json(path)
+    if isinstance(result, str):
+        raise UnreadableResult(f"{path} is unreadable ({result})")
+    if not (isinstance(result, dict) and result.get("status") in ("finished", "failed") and "digest" in result
+            and (result["status"] == "failed" or isinstance(result.get("metrics"), dict))):
+        raise UnreadableResult(f"{path} is unreadable (JSON, but not a cell result with status, digest and metrics)")
+    return result
+
+
+def readable_result(cell_dir: Path, say: Callable[[str], None] | None = None) -> dict | None:
+    """:func:`read_result`, with an unreadable one counted as none (the cell runs again), said through ``say``."""
+    try:
+        return read_result(cell_dir)
+    except UnreadableResult as err:
+        if say is not None:
+            say(f"{err}: the cell runs again")
+        return None
+
+
+def _read_json(path: Path):
+    """The parsed file, or a string saying what it is instead (binary, torn JSON)."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"binary, not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        return f"torn or not JSON: {err.msg} at byte {err.pos} of {len(data)}"
+
+
+def read_manifest(run_dir: Path) -> dict:
+    """``run_dir/grid.json``, checked: a missing, torn, binary or foreign file is one ConfigError
+    saying what it is and how to recover."""
+    path = run_dir / "grid.json"
+    if not path.exists():
+        raise ConfigError(f"{run_dir} has no grid.json: not a grid run directory (made by `xlstm-zoo grid RECIPE "
+                          "--out DIR`)")
+    manifest = _read_json(path)
+    what = manifest if isinstance(manifest, str) else None
+    if what is None and not (isinstance(manifest, dict) and isinstance(manifest.get("report"), dict)
+                             and isinstance(manifest.get("cells"), list)
+                             and all(isinstance(c, dict) and {"id", "digest", "labels"} <= set(c)
+                                     for c in manifest["cells"])):
+        what = "JSON, but not an xlstm-zoo grid manifest (a report and a list of cells with id, digest and labels)"
+    if what is not None:
+        raise ConfigError(f"{path} is not a grid manifest ({what}); if {run_dir} is a grid run directory, delete "
+                          f"grid.json and run `xlstm-zoo grid RECIPE --out {run_dir}` again (it rewrites grid.json from "
+                          "the recipe and keeps finished cells); otherwise use another directory")
+    return manifest
 
 
 def grid_manifest(recipe, cells: list[Cell]) -> dict:
@@ -91,13 +150,18 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
     """
     executor = executor or LocalExecutor(jobs)
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"the run directory {out_dir} exists and is a file (give a new or existing directory)")
+    if (out_dir / "grid.json").exists():
+        read_manifest(out_dir)  # never overwrite a file that is not ours
     cells = expand(recipe)
     since = time.time()
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))
     counts = {"ran": 0, "skipped": 0, "failed": 0, "busy": 0}
-    todo = [cell for cell in cells if not is_done(cell, out_dir, retry_failed)]
-    counts["skipped"] = len(cells) - len(todo)
     console = console or Console(stderr=True)
+    say = functools.partial(console.print, markup=False, highlight=False, soft_wrap=True)
+    todo = [cell for cell in cells if not is_done(cell, out_dir, retry_failed, say=say)]
+    counts["skipped"] = len(cells) - len(todo)
 
     with Progress(*progress_columns(), console=console, transient=False) as progress:
         overall = progress.add_task("grid", total=len(cells), completed=counts["skipped"], info="")
@@ -197,9 +261,10 @@ def _wait_for_release(busy: list[Cell], out_dir: Path, progress, overall, poll_s
         time.sleep(poll_s)
 
 
-def is_done(cell: Cell, out_dir: Path, retry_failed: bool) -> bool:
-    """A result for this cell's digest exists (and is not a failure we were asked to retry)."""
-    previous = read_result(out_dir / "cells" / cell.id)
+def is_done(cell: Cell, out_dir: Path, retry_failed: bool, say: Callable[[str], None] | None = None) -> bool:
+    """A result for this cell's digest exists (and is not a failure we were asked to retry); an
+    unreadable one does not count (said through ``say``)."""
+    previous = readable_result(out_dir / "cells" / cell.id, say)
     return bool(previous and previous.get("digest") == cell.digest
                 and (previous["status"] == "finished" or not retry_failed))
 
@@ -220,7 +285,7 @@ def run_cell(cell: Cell, out_dir: Path, *, progress=None, retry_failed: bool = F
     except CellBusy as busy:
         return {"status": "busy", "id": cell.id, "holder": str(busy)}
     with claim:
-        previous = read_result(cell_dir)
+        previous = readable_result(cell_dir)  # unreadable: run again, and the new result replaces it
         if previous and previous.get("digest") == cell.digest and (
                 is_done(cell, out_dir, retry_failed) or (since is not None and (cell_dir / RESULT).stat().st_mtime >= since)):
             return {**previous, "status": "skipped", "id": cell.id}
@@ -311,17 +376,18 @@ def worker_run_cell(cell: Cell, out_dir: str, retry_failed: bool = False, since:
 def cell_states(out_dir: str | Path) -> list[dict]:
     """Each cell of a run directory's ``grid.json`` with its state, read from the files alone (no
     recipe, no Ray): ``finished``, ``failed``, ``running`` (a live claim: attempt, host, pid, last
-    step), ``to run`` (``resumable at step N``: its checkpoint's step), or ``invalid``."""
+    step), ``to run`` (``resumable at step N``: its checkpoint's step), ``invalid``, or
+    ``unreadable`` (a result.json that does not parse: the grid runs the cell again)."""
     out_dir = Path(out_dir)
-    manifest_path = out_dir / "grid.json"
-    if not manifest_path.exists():
-        raise FileNotFoundError(f"{out_dir} has no grid.json: not a grid run directory (made by `xlstm-zoo grid`)")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(out_dir)
     rows = []
     for entry in manifest["cells"]:
         cell_dir = out_dir / "cells" / entry["id"]
         row = {"id": entry["id"], "overrides": entry.get("overrides", []), "detail": ""}
-        result = read_result(cell_dir)
+        try:
+            result, unreadable = read_result(cell_dir), None
+        except UnreadableResult as err:
+            result, unreadable = None, str(err)
         claim = read_claim(cell_dir)
         last_step = _last_step(cell_dir / "metrics.jsonl")
         if claim and not claim["stale"]:
@@ -333,6 +399,8 @@ def cell_states(out_dir: str | Path) -> list[dict]:
                              else f"{result.get('seconds', 0):.0f} s, attempt {result.get('attempt', 1)}")
         elif entry.get("error"):
             row["state"], row["detail"] = "invalid", entry["error"]
+        elif unreadable:
+            row["state"], row["detail"] = "unreadable", f"{unreadable}; the grid runs the cell again"
         else:
             row["state"] = "to run"
             notes = [_resume_note(cell_dir, last_step)]
@@ -347,7 +415,10 @@ def _resume_note(cell_dir: Path, last_step: int) -> str:
     found = find_checkpoint(cell_dir / CHECKPOINT)
     if found is None:
         return f"no checkpoint yet, {last_step} logged steps will be redone" if last_step else ""
-    step = saved_step(found)
+    try:
+        step = saved_step(found)
+    except ConfigError as err:
+        return f"checkpoint refused: {err}"
     return f"resumable at step {step}" if step is not None else f"resumable from {found.name}"
 
 

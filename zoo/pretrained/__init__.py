@@ -12,13 +12,12 @@ our own (:mod:`.zoo_layout`). Every conversion is strict (:mod:`.mapping`); the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from xlstm_zoo.checkpoint import atomic_write
+from xlstm_zoo.checkpoint import atomic_write, json_text, recipe_text, replace_directory
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.pretrained import large, neurips, zoo_layout
 from xlstm_zoo.pretrained.load import build_meta, load_into
@@ -90,36 +89,47 @@ def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", max_sha
                     recipe=None) -> list[str]:
     """Write ``model`` (in the dtype it has) to ``directory``: ``layout="zoo"`` (``recipe.yaml`` +
     ``model.safetensors``) or ``"hf"`` (``config.json`` + ``model.safetensors``, sharded past
-    ``max_shard_size`` bytes, loadable by ``transformers``). Returns the file names written."""
-    directory = Path(directory)
+    ``max_shard_size`` bytes, loadable by ``transformers``). The directory is replaced as a whole
+    (:func:`xlstm_zoo.checkpoint.replace_directory`): no file of a checkpoint saved there before
+    stays for a reader to take; other files (a README, a tokenizer) are kept. Returns the file
+    names written."""
     recipe = recipe or getattr(model, "recipe", None)
+    files: list[str] = []
     if layout == "zoo":
-        if recipe is None:
-            recipe = Recipe(model=model.config)
-        files = zoo_layout.write(directory, recipe, model)
+        recipe_yaml = recipe_text(recipe if recipe is not None else Recipe(model=model.config))
+
+        def fill(tmp: Path) -> None:
+            files.extend(zoo_layout.write(tmp, recipe_yaml, model))
+            _write_provenance(tmp, model, files)
     elif layout == "hf":
-        config, state = large.hf_export(model)
-        directory.mkdir(parents=True, exist_ok=True)
+        config, state = large.hf_export(model)  # refused before anything is written
         provenance = getattr(model, "provenance", None) or {}
         generation = provenance.get("generation") or {}
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = generation.get(key, provenance.get("source_config", {}).get(key))
             if value is not None:
                 config[key] = value
-        files = write_sharded(directory, state, max_shard_bytes=max_shard_size, metadata={"format": "pt"})
-        _write_json(directory / "config.json", config)
-        files.append("config.json")
-        if generation:
-            _write_json(directory / "generation_config.json", generation)
-            files.append("generation_config.json")
+
+        def fill(tmp: Path) -> None:
+            files.extend(write_sharded(tmp, state, max_shard_bytes=max_shard_size, metadata={"format": "pt"}))
+            _write_json(tmp / "config.json", config)
+            files.append("config.json")
+            if generation:
+                _write_json(tmp / "generation_config.json", generation)
+                files.append("generation_config.json")
+            _write_provenance(tmp, model, files)
     else:
         raise ConfigError(f"unknown layout {layout!r} (allowed: zoo, hf)")
-    if getattr(model, "provenance", None):
-        _write_json(directory / PROVENANCE, model.provenance)
-        files.append(PROVENANCE)
+    replace_directory(directory, fill)
     return files
 
 
-def _write_json(path: Path, data: dict) -> None:
-    atomic_write(path, lambda f: f.write((json.dumps(data, indent=2, default=str) + "\n").encode()))
+def _write_provenance(directory: Path, model, files: list[str]) -> None:
+    if getattr(model, "provenance", None):
+        _write_json(directory / PROVENANCE, model.provenance)
+        files.append(PROVENANCE)
 
+
+def _write_json(path: Path, data: dict) -> None:
+    text = json_text(data) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))

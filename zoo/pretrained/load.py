@@ -8,6 +8,7 @@ never a second full copy.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -43,6 +44,19 @@ def build_meta(recipe_data):
     return recipe, model
 
 
+def weights_dtype(source: TensorSource, rules: list[Rule]) -> torch.dtype:
+    """The checkpoint's own dtype: that of most of its floating-point weights (by elements), so one
+    integer or odd tensor among them does not decide the whole model's dtype."""
+    elements: dict[torch.dtype, int] = {}
+    for key in dict.fromkeys(k for r in rules for k in r.sources):
+        dtype = source.dtype(key)
+        if dtype.is_floating_point:
+            elements[dtype] = elements.get(dtype, 0) + math.prod(source.shape(key))
+    if not elements:
+        raise ConfigError("the checkpoint has no floating-point tensors: not model weights")
+    return max(elements, key=elements.get)
+
+
 def load_into(model: nn.Module, rules: list[Rule], source: TensorSource, *, dtype: torch.dtype | None,
               device: str | torch.device = "cpu", ignored: set[str] = frozenset(), memory_check: bool = True,
               what: str = "source") -> nn.Module:
@@ -50,11 +64,12 @@ def load_into(model: nn.Module, rules: list[Rule], source: TensorSource, *, dtyp
     device = torch.device(device)
     expected = targets(model)
     check(rules, source, expected, ignored=ignored, what=what)
-    if dtype is None:  # the checkpoint's own dtype: that of its first (embedding) tensor
-        dtype = source.dtype(next(k for r in rules for k in r.sources))
+    if dtype is None:
+        dtype = weights_dtype(source, rules)
     if memory_check:
         ensure_memory(model, source, dtype, device)
-    state = dict(convert(rules, source, dtype=dtype, device=device))
+    exact = {name: t.dtype for name, t in model.state_dict(keep_vars=True).items() if not t.is_floating_point()}
+    state = dict(convert(rules, source, dtype=dtype, device=device, exact=exact))
     # a tied weight appears under each of its names in state_dict(): give every alias the one tensor
     names_of = {}
     for name, tensor in model.state_dict(keep_vars=True).items():

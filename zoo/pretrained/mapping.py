@@ -83,9 +83,12 @@ def check(rules: list[Rule], source: TensorSource, expected: dict[str, tuple[int
         raise MappingError(f"{len(problems)} mapping problem(s): " + "; ".join(problems))
 
 
-def convert(rules: list[Rule], source: TensorSource, *, dtype: torch.dtype | None, device="cpu"):
-    """Yield ``(target, tensor)`` one rule at a time (cast to ``dtype``, on ``device``); a source
-    tensor read for several rules in a row (a fused weight) is read once."""
+def convert(rules: list[Rule], source: TensorSource, *, dtype: torch.dtype | None, device="cpu",
+            exact: dict[str, torch.dtype] | None = None):
+    """Yield ``(target, tensor)`` one rule at a time, on ``device``, cast to ``dtype`` (None: kept)
+    or, for a target in ``exact`` (the model's integer tensors), to its own dtype; a cast that a
+    value does not fit is refused. A source tensor read for several rules in a row (a fused weight)
+    is read once."""
     cached: tuple[str, torch.Tensor] | None = None
     for rule in rules:
         tensors = []
@@ -94,4 +97,21 @@ def convert(rules: list[Rule], source: TensorSource, *, dtype: torch.dtype | Non
                 cached = (key, source.load(key))
             tensors.append(cached[1])
         out = rule.apply(*tensors)
-        yield rule.target, out.to(device=device, dtype=dtype or out.dtype, copy=True).contiguous()
+        target_dtype = (exact or {}).get(rule.target, dtype or out.dtype)
+        cast = out.to(device=device, dtype=target_dtype, copy=True).contiguous()
+        _check_range(out, cast, rule)
+        yield rule.target, cast
+
+
+def _check_range(before: torch.Tensor, after: torch.Tensor, rule: Rule) -> None:
+    """Refuse a cast that made finite values infinite (float16 holds +-65504, bfloat16 +-3.4e38)."""
+    if not after.is_floating_point() or before.dtype == after.dtype or torch.isfinite(after).all():
+        return
+    finite = torch.isfinite(before) if before.is_floating_point() else torch.ones_like(before, dtype=torch.bool)
+    if not (torch.isinf(after).to(before.device) & finite).any():
+        return  # only values that were inf or nan already
+    largest = before[finite].abs().max().item()
+    name = str(after.dtype).removeprefix("torch.")
+    raise ConfigError(f"{rule.target} (from {', '.join(rule.sources)}) has max |value| {largest:.6g}, beyond "
+                      f"{name}'s range +-{torch.finfo(after.dtype).max:.6g}: it would become inf (load it in bfloat16, "
+                      "--dtype bfloat16, or float32)")

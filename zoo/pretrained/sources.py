@@ -60,7 +60,10 @@ def open_checkpoint(path: str | Path, *, layout: str = "auto", config: str | Pat
     if layout not in ("auto", *LAYOUTS):
         raise ConfigError(f"unknown layout {layout!r} (allowed: auto, {', '.join(LAYOUTS)})")
     if not path.exists():
-        raise ConfigError("no such file or directory", file=str(path))
+        backup = path.with_name(f".{path.name}.old")  # what a save killed between its two renames leaves
+        hint = f"; a save killed mid-swap left the previous checkpoint in {backup.name}: rename it back" \
+            if backup.is_dir() else ""
+        raise ConfigError(f"no such file or directory{hint}", file=str(path))
     if path.is_dir():
         return _open_dir(path, layout, config)
     return _open_state_dict(path, layout, config)

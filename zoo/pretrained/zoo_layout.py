@@ -1,5 +1,5 @@
 """The xlstm-zoo layout: a model directory (``recipe.yaml`` + ``model.safetensors``, written by
-:func:`xlstm_zoo.checkpoint.write_model_dir`). Reading goes through the same meta-device,
+:func:`xlstm_zoo.checkpoint.write_model_files`). Reading goes through the same meta-device,
 tensor-by-tensor path as the official layouts, so a 7B loads in bf16 without an fp32 copy."""
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ from pathlib import Path
 
 import torch
 
-from xlstm_zoo.checkpoint import RECIPE, write_model_dir
+from xlstm_zoo.checkpoint import RECIPE, WEIGHTS, write_model_files
 from xlstm_zoo.pretrained.mapping import Rule, targets
 from xlstm_zoo.recipe import read_yaml
 
 
-def write(directory: Path, recipe, model: torch.nn.Module) -> list[str]:
-    write_model_dir(directory, recipe, model)
-    return [RECIPE, "model.safetensors"]
+def write(directory: Path, recipe_yaml: str, model: torch.nn.Module) -> list[str]:
+    """The two files into ``directory`` (the new one a save is filling)."""
+    write_model_files(directory, recipe_yaml, model)
+    return [RECIPE, WEIGHTS]
 
 
 def recipe_data(directory: Path) -> dict:

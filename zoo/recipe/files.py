@@ -72,7 +72,7 @@ def resolve_recipe(source: str | Path, relative_to: Path | None = None) -> Path:
 
 def read_yaml(path: Path) -> dict:
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml(_utf8_text(path))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -84,6 +84,15 @@ def read_yaml(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"a recipe must be a mapping of keys to values, got a {type(data).__name__}", file=str(path))
     return data
+
+
+def _utf8_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start} (recipes are UTF-8 "
+                          "YAML; re-save the file as UTF-8)", file=str(path)) from None
 
 
 def load_with_extends(path: Path, seen: tuple[Path, ...] = ()) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from xlstm_zoo.checkpoint import atomic_write
+from xlstm_zoo.checkpoint import atomic_write, json_text
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -33,7 +33,7 @@ class MetricsLog:
         if self.path is None or not self.path.exists():
             return
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
-        text = "".join(json.dumps(r) + "\n" for r in kept)
+        text = "".join(json_text(r, indent=None) + "\n" for r in kept)
         atomic_write(self.path, lambda f: f.write(text.encode()))
 
     def write(self, record: dict) -> None:
@@ -41,4 +41,4 @@ class MetricsLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json_text(record, indent=None) + "\n")

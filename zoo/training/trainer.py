@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from xlstm_zoo.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from xlstm_zoo.checkpoint import STATE, find_checkpoint, load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import parameter_roles
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
-from xlstm_zoo.training.metrics import MetricsLog
+from xlstm_zoo.training.metrics import MetricsLog, read_metrics
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
 from xlstm_zoo.recipe.sizes import check_training_fits
@@ -120,9 +120,13 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
     """Train ``recipe.model`` on ``recipe.task``; returns the final evaluation metrics per split.
 
     With ``run_dir``, writes ``metrics.jsonl`` and the ``checkpoint/`` directory there and resumes
-    from the checkpoint if one exists. ``progress`` is a rich Progress to add a task bar to (or None).
+    from the checkpoint if one exists; a run whose checkpoint is at the last step is finished: its
+    result is returned again (the final metrics re-evaluated) and nothing is trained or written.
+    ``progress`` is a rich Progress to add a task bar to (or None).
     Under ``torchrun`` every rank calls this; rank 0 alone writes and shows progress.
     """
+    if run_dir is not None and Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise ConfigError(f"the run directory {run_dir} exists and is a file (give a new or existing directory)")
     cfg = recipe.train
     ctx = DistContext.from_env()
     rows = check_split(cfg.batch_size, ctx.world, cfg.micro_batches, recipe._source)
@@ -157,6 +161,8 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
     if found is not None:
         start = _resume(found, recipe, model, optimizer, log, ctx.world)
     ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
+    if start == cfg.steps:
+        return _finished_result(run_dir, cfg, model, task, device, ctx)
 
     bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
     model.train()
@@ -273,16 +279,42 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
 
 
 def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> int:
+    """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; returns its step. Everything
+    is checked before metrics.jsonl is cut back to that step (or, for a finished run, left as it is)."""
     saved_recipe, saved_model, extra = load_checkpoint(path)
     if saved_recipe.model_dump(exclude={"launch"}) != recipe.model_dump(exclude={"launch"}):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
+    step = _checked_step(path, extra, recipe.train.steps)
     model.load_state_dict(saved_model.state_dict())
-    if "optimizer" in extra:
-        optimizer.load_state_dict(extra["optimizer"])
-    step = int(extra.get("step", 0))
-    log.truncate_after(step)
-    log.write({"step": step, "event": "resumed", **({"world_size": world} if world > 1 else {})})
+    optimizer.load_state_dict(extra["optimizer"])
+    if step < recipe.train.steps:
+        log.truncate_after(step)
+        log.write({"step": step, "event": "resumed", **({"world_size": world} if world > 1 else {})})
     return step
 
 
+def _checked_step(path: Path, extra: dict, steps: int) -> int:
+    """The step a checkpoint resumes from; a checkpoint that cannot be resumed exactly is refused,
+    before anything is changed (its metrics history is kept)."""
+    where = path / STATE if path.is_dir() else path
+    step = extra.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= steps:
+        got = "no step" if step is None else f"step {step!r}"
+        raise ConfigError(f"{where}: {got}; a checkpoint of this recipe has a whole-number step from 0 to "
+                          f"train.steps={steps} (move the checkpoint away to start afresh; metrics.jsonl is kept)")
+    if "optimizer" not in extra:
+        raise ConfigError(f"{path}: no optimizer state; resuming without it would not continue the same training "
+                          "(move the checkpoint away to start afresh; metrics.jsonl is kept)")
+    return step
+
+
+def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: DistContext) -> dict:
+    """The result of a run that had already finished: its final metrics evaluated again from the
+    saved weights (nothing logged), its last training loss read from metrics.jsonl (None if gone)."""
+    final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
+             for split in cfg.eval_splits}
+    losses = [r["loss"] for r in read_metrics(run_dir / METRICS)
+              if r.get("split") == "train" and r.get("step") == cfg.steps and "loss" in r]
+    return {"steps": cfg.steps, "final_train_loss": losses[-1] if losses else None, "metrics": final,
+            "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
