@@ -103,3 +103,13 @@ def test_train_command_refuses_a_huge_batch(run_cli, tmp_path):
 def test_free_memory_is_read():
     free = sizes.available_memory("cpu")
     assert free is not None and 0 < free
+
+
+def test_a_conformance_check_started_by_the_meta_count_runs_on_the_cpu():
+    """A plugin component's first build may now be the meta count: its conformance check must not inherit
+    meta (where it computed nothing and failed every plugin cell)."""
+    from xlstm_zoo.plugins.guard import run_check
+    from xlstm_zoo.registry import registry
+    entry = registry.get("cell", "lstm")
+    with torch.device("meta"):
+        assert run_check(entry, entry.builder, full=False) == "passed"
