@@ -111,6 +111,7 @@ def mlflow_server(tmp_path):
             proc.wait()
 
 
+@pytest.mark.slow  # the MLflow server takes 10-70 s to start on 2 busy cores
 def test_a_grid_reaches_tensorboard_mlflow_over_http_and_wandb_offline(tmp_path, mlflow_server, monkeypatch):
     pytest.importorskip("wandb")
     from mlflow import MlflowClient
