@@ -7,8 +7,11 @@ unless told to, and one database file keeps a grid's cells in one experiment.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import time
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -43,8 +46,15 @@ class MLflowLogger(Logger):
         self.client, self.run_id = None, None
 
     def open(self, run: RunInfo) -> None:
-        uri = (self.config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-               or f"sqlite:///{run.store_dir / STORE}")
+        uri = self.config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is None:  # the grid's own SQLite file: cells started at once (--jobs) create its tables one at a time
+            uri = f"sqlite:///{run.store_dir / STORE}"
+            with _locked(run.store_dir / (STORE + ".lock")):
+                self._start(run, uri)
+        else:
+            self._start(run, uri)
+
+    def _start(self, run: RunInfo, uri: str) -> None:
         self.client = self._client_class(tracking_uri=uri)
         saved = run.saved_id(self.name)
         if saved and saved.get("tracking_uri") == uri:  # a resumed run: the same MLflow run goes on
@@ -77,3 +87,14 @@ class MLflowLogger(Logger):
     def close(self, status: str) -> None:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status=STATUS.get(status, "FINISHED"))
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (created if need be) across processes on this machine."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
