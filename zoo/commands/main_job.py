@@ -210,5 +210,5 @@ COMMANDS = (
     Command("train", "train a recipe's model on its task (resumes from --out if interrupted)", _train_arguments,
             cmd_train),
     Command("grid", "run (or --dry-run list) the ablation grid a recipe declares", _grid_arguments, cmd_grid),
-    Command("report", "tabulate a grid run: markdown table, report.csv and report.png", _report_arguments, cmd_report),
+    Command("report", "tabulate a grid run: markdown table, report.csv, report.png and curves.png", _report_arguments, cmd_report),
 )

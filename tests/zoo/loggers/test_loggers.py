@@ -150,14 +150,16 @@ class Interrupt(Exception):
 
 
 def test_a_resumed_run_continues_its_logger_runs(tmp_path, monkeypatch):
-    """Killed after step 16 (checkpoint at 10), resumed: the same MLflow run goes on, and TensorBoard
-    shows each step once, the replayed values."""
+    """Killed after step 16 (checkpoint at 10), resumed: the same MLflow and W&B runs go on, and
+    TensorBoard shows each step once, the replayed values."""
     pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
     from mlflow import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default: a store in the run directory
+    monkeypatch.setenv("WANDB_MODE", "offline")
     recipe = load_recipe(toy_task.recipe(steps=20, log_every=2, eval_every=10, checkpoint_every=10,
-                                         report_to=["tensorboard", "mlflow"]))
+                                         report_to=["tensorboard", "mlflow", "wandb"]))
     calls = {"n": 0}
     original = toy_task.ToyCopy.batch
 
@@ -188,6 +190,12 @@ def test_a_resumed_run_continues_its_logger_runs(tmp_path, monkeypatch):
     # MLflow keeps every value logged; the replayed steps were logged twice, with the same values
     for name, points in mlflow_series(client, run.info.run_id, want).items():
         assert sorted(set(points)) == want[name], name
+    # W&B offline: each start is a file of its own, both for the one run id
+    starts = sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb")))
+    assert len(starts) == 2
+    assert [wandb_offline.run_record(p).run_id for p in starts] == [RunInfo.for_run(tmp_path, {}).saved_id("wandb")] * 2
+    second = wandb_offline.history(starts[1])
+    assert [row["step"] for row in second if "train/loss" in row] == [12, 14, 16, 18, 20], "from the checkpoint on"
 
 
 class BrokenConfig(ZooConfig):
