@@ -66,6 +66,7 @@ class Report:
     groups: dict[tuple[str, str], Group]
     has_paper: bool
     curves: list[Curve] = field(default_factory=list)
+    column_label: str | None = None  # what the columns are (report.columns, e.g. task.type), for plot titles
 
     def markdown(self) -> str:
         head = ["", *self.columns]
@@ -156,7 +157,7 @@ def build_report(run_dir: str | Path) -> Report:
               for name in ("train/loss", f"{cfg.split}/{cfg.metric}")
               if (curve := _curve(row, column, name, runs)) is not None]
     return Report(manifest.get("name") or run_dir.name, cfg.metric, cfg.split, rows, columns, groups,
-                  cfg.paper is not None, curves)
+                  cfg.paper is not None, curves, cfg.columns)
 
 
 def _curve(row: str, column: str, name: str, runs: list[list[dict]]) -> Curve | None:
@@ -282,7 +283,8 @@ def _plot_curves(report: Report) -> bytes | None:
                         marker="o" if len(curve.steps) < 12 else None, markersize=3)
                 if curve.seeds > 1:
                     ax.fill_between(curve.steps, curve.low, curve.high, color=colours[curve.row], alpha=0.2, lw=0)
-            ax.set_title(column if i == 0 else "", fontsize="medium")
+            title = f"{report.column_label} = {column}" if report.column_label else column
+            ax.set_title(title if i == 0 else "", fontsize="medium")
             ax.set_ylabel(metric, fontsize="small")
             ax.tick_params(labelsize="small")
             ax.grid(alpha=0.3)
