@@ -21,7 +21,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 class ZooHookSpecs:
     @hookspec
     def register_components(self, register):
-        """Register components: cells, gates, norms, blocks, stacks, models, backends, tasks, ...
+        """Register components: cells, gates, norms, blocks, stacks, models, backends, tasks, loggers, ...
 
         Called once per process, when the registry is first used: core first, then every plugin
         in a fixed order (installed distributions sorted by name, then ``XLSTM_ZOO_PLUGINS``
@@ -35,7 +35,8 @@ class ZooHookSpecs:
 
             ``builder`` is usually a class decorated with :func:`xlstm_zoo.component` (which
             supplies kind, name, config and description); it is called as ``builder(config,
-            ctx)`` (backends: ``builder(config)``). ``config`` must be a pydantic model with a
+            ctx)`` (backends and loggers: ``builder(config)``; a logger is a
+            :class:`xlstm_zoo.loggers.base.Logger`, named in ``train.report_to``). ``config`` must be a pydantic model with a
             field ``type: Literal[name] = name``; ``description`` one line. A name that core or
             another plugin already registered is an error naming both distributions, unless
             ``override=True`` (then the later registration wins, deliberately).

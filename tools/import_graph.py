@@ -35,7 +35,7 @@ LAYERS = [
     ["xlstm_zoo.registry"],
     ["xlstm_zoo.config"],
     ["xlstm_zoo.gates", "xlstm_zoo.norms", "xlstm_zoo.layers", "xlstm_zoo.cells", "xlstm_zoo.blocks",
-     "xlstm_zoo.stacks", "xlstm_zoo.tasks", "xlstm_zoo.initialization"],
+     "xlstm_zoo.stacks", "xlstm_zoo.tasks", "xlstm_zoo.initialization", "xlstm_zoo.loggers"],
     ["xlstm_zoo.models"],
     ["xlstm_zoo.recipe", "xlstm_zoo.checkpoint"],
     ["xlstm_zoo.export", "xlstm_zoo.pretrained"],

@@ -21,6 +21,7 @@ from xlstm_zoo.grid.report import build_report, write_report
 from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
 from xlstm_zoo.grid.runner import (LocalExecutor, UnreadableResult, cell_states, progress_columns, read_result,
                                    run_grid)
+from xlstm_zoo.loggers.base import build_loggers
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
@@ -28,12 +29,15 @@ from xlstm_zoo.training.distributed import DistContext, check_split, run_torchru
 from xlstm_zoo.training.trainer import CHECKPOINT, train
 
 SET_HELP = "override a field, e.g. --set train.steps=100 (repeatable; applied after --profile)"
+REPORT_TO_HELP = ("also send the metrics to these loggers, comma-separated: tensorboard, mlflow, wandb or a plugin's "
+                  "(`xlstm-zoo list logger`); 'none': metrics.jsonl only; default: the recipe's train.report_to")
 
 
 def _recipe_arguments(parser, profile_help: str, optional: bool = False) -> None:
     parser.add_argument("recipe", help=RECIPE_HELP, **({"nargs": "?"} if optional else {}))
     parser.add_argument("--profile", help=profile_help)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE", help=SET_HELP)
+    parser.add_argument("--report-to", metavar="NAMES", help=REPORT_TO_HELP)
 
 
 def _train_arguments(parser) -> None:
@@ -76,7 +80,11 @@ def _report_arguments(parser) -> None:
 
 
 def _load(args):
-    return load_recipe(args.recipe, args.overrides, profile=args.profile)
+    overrides = list(args.overrides)
+    if args.report_to is not None:
+        names = [] if args.report_to.strip() == "none" else [n.strip() for n in args.report_to.split(",") if n.strip()]
+        overrides.append(f"train.report_to={json.dumps(names)}")
+    return load_recipe(args.recipe, overrides, profile=args.profile)
 
 
 def cmd_train(args) -> int:
@@ -153,6 +161,7 @@ def cmd_grid(args) -> int:
             rows.add_row(cell.id, ", ".join(f"{p}={v}" for p, v in cell.overrides), state)
         show(rows)
         return 0
+    build_loggers(recipe.train.report_to)  # a logger's missing package: one line now, not a failure in every cell
     plugins = list(getattr(args, "plugins", []))  # --plugin modules: workers load them too
     setup = functools.partial(configure, strict=None, modules=plugins) if plugins else None
     counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs, worker_setup=setup,
@@ -214,5 +223,5 @@ COMMANDS = (
     Command("train", "train a recipe's model on its task (resumes from --out if interrupted)", _train_arguments,
             cmd_train),
     Command("grid", "run (or --dry-run list) the ablation grid a recipe declares", _grid_arguments, cmd_grid),
-    Command("report", "tabulate a grid run: markdown table, report.csv and report.png", _report_arguments, cmd_report),
+    Command("report", "tabulate a grid run: markdown table, report.csv, report.png and curves.png", _report_arguments, cmd_report),
 )

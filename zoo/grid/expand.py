@@ -83,6 +83,7 @@ def recipe_digest(recipe) -> str:
     # default, so existing run directories keep their cell ids (and their results); component
     # fields declare it with `AddedField` (see `digest_dump`).
     content = {k: v for k, v in digest_dump(recipe).items() if k not in GRID_ONLY}
+    content["train"].pop("report_to", None)  # where metrics are sent does not change what a cell computes
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 

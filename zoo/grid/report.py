@@ -1,5 +1,6 @@
 """Reports of a grid run: a markdown table (mean +- std over seeds), a CSV and a PNG plot, with
-the paper's numbers beside ours where the recipe maps the grid to a paper table.
+the paper's numbers beside ours where the recipe maps the grid to a paper table; and the learning
+curves behind them (``curves.png``), read from each cell's metrics.jsonl.
 
 Only seeds are averaged: a label that varies across the cells (the variant, an axis, a zipped
 path) and is neither the report's ``rows`` nor its ``columns`` is added to the row's name
@@ -19,6 +20,8 @@ from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe import PaperConfig, ReportConfig
 from xlstm_zoo.grid.runner import UnreadableResult, read_manifest, read_result
+from xlstm_zoo.training.metrics import read_metrics
+from xlstm_zoo.training.trainer import METRICS
 
 
 @dataclass
@@ -44,6 +47,21 @@ class Group:
 
 
 @dataclass
+class Curve:
+    """One line of curves.png: a metric against the step for one row and column of the report, the
+    mean over its seeds with their spread (min and max) as a band."""
+
+    row: str
+    column: str
+    metric: str          # "<split>/<metric>", as the loggers name it
+    steps: list[int]
+    mean: list[float]
+    low: list[float]
+    high: list[float]
+    seeds: int           # cells that logged this metric
+
+
+@dataclass
 class Report:
     title: str
     metric: str
@@ -52,6 +70,8 @@ class Report:
     columns: list[str]
     groups: dict[tuple[str, str], Group]
     has_paper: bool
+    curves: list[Curve] = field(default_factory=list)
+    column_label: str | None = None  # what the columns are (report.columns, e.g. task.type), for plot titles
 
     def markdown(self) -> str:
         head = ["", *self.columns]
@@ -129,12 +149,13 @@ def build_report(run_dir: str | Path) -> Report:
     manifest = read_manifest(run_dir)
     cfg = ReportConfig.model_validate(manifest["report"])
     extra = _varying(manifest["cells"], (cfg.rows, cfg.columns))
-    rows, columns, groups = [], [], {}
+    rows, columns, groups, logged = [], [], {}, {}
     for cell in manifest["cells"]:
         row, column = _row(cell["labels"], cfg.rows, extra), _label(cell["labels"], cfg.columns)
         rows += [row] if row not in rows else []
         columns += [column] if column not in columns else []
         group = groups.setdefault((row, column), Group())
+        logged.setdefault((row, column), []).append(read_metrics(run_dir / "cells" / cell["id"] / METRICS))
         try:
             result = read_result(run_dir / "cells" / cell["id"])
         except UnreadableResult as err:
@@ -153,8 +174,26 @@ def build_report(run_dir: str | Path) -> Report:
             group.values.append(float(metrics[cfg.metric]))
     if cfg.paper is not None:
         _add_paper(cfg.paper, groups)
+    curves = [curve for (row, column), runs in logged.items()
+              for name in ("train/loss", f"{cfg.split}/{cfg.metric}")
+              if (curve := _curve(row, column, name, runs)) is not None]
     return Report(manifest.get("name") or run_dir.name, cfg.metric, cfg.split, rows, columns, groups,
-                  cfg.paper is not None)
+                  cfg.paper is not None, curves, cfg.columns)
+
+
+def _curve(row: str, column: str, name: str, runs: list[list[dict]]) -> Curve | None:
+    """``name`` (``<split>/<metric>``) over the steps of each seed's metrics.jsonl, unfinished cells
+    included; at each step the mean and spread of the seeds that have it."""
+    split, metric = name.split("/", 1)
+    per_seed = [{r["step"]: float(r[metric]) for r in records if r.get("split") == split and metric in r}
+                for records in runs]
+    per_seed = [series for series in per_seed if series]
+    if not per_seed:
+        return None
+    steps = sorted({step for series in per_seed for step in series})
+    values = [[series[step] for series in per_seed if step in series] for step in steps]
+    return Curve(row, column, name, steps, [sum(v) / len(v) for v in values], [min(v) for v in values],
+                 [max(v) for v in values], len(per_seed))
 
 
 def paper_table(name: str) -> list[dict]:
@@ -188,16 +227,17 @@ def _number(text):
 
 
 def write_report(report: Report, run_dir: str | Path) -> list[Path]:
-    """report.md, report.csv and report.png in the run directory (each written atomically)."""
+    """report.md, report.csv, report.png and curves.png in the run directory (each written atomically;
+    the plots where matplotlib is installed and, for curves.png, where a cell has logged metrics)."""
     run_dir = Path(run_dir)
     written = []
     for name, text in (("report.md", report.markdown()), ("report.csv", report.csv())):
         atomic_write(run_dir / name, lambda f, t=text: f.write(t.encode()))
         written.append(run_dir / name)
-    png = _plot(report)
-    if png is not None:
-        atomic_write(run_dir / "report.png", lambda f: f.write(png))
-        written.append(run_dir / "report.png")
+    for name, png in (("report.png", _plot(report)), ("curves.png", _plot_curves(report))):
+        if png is not None:
+            atomic_write(run_dir / name, lambda f, data=png: f.write(data))
+            written.append(run_dir / name)
     return written
 
 
@@ -231,5 +271,55 @@ def _plot(report: Report) -> bytes | None:
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+PANELS_PER_LINE = 4  # report columns side by side in curves.png; more wrap onto further lines
+
+
+def _plot_curves(report: Report) -> bytes | None:
+    """curves.png: for each report column a panel of the training loss and one of the report's metric
+    against the step, one line per row (mean over seeds, band: their min to max)."""
+    if not report.curves:
+        return None
+    try:  # optional dependency (the plot extra)
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    metrics = list(dict.fromkeys(c.metric for c in report.curves))
+    wide = min(len(report.columns), PANELS_PER_LINE)
+    lines = -(-len(report.columns) // wide)
+    fig, axes = plt.subplots(lines * len(metrics), wide, figsize=(3.6 * wide, 2.6 * lines * len(metrics)),
+                             squeeze=False, sharex="col")
+    colours = {row: f"C{i % 10}" for i, row in enumerate(report.rows)}
+    for j, column in enumerate(report.columns):
+        for i, metric in enumerate(metrics):
+            ax = axes[(j // wide) * len(metrics) + i][j % wide]
+            for curve in (c for c in report.curves if c.column == column and c.metric == metric):
+                ax.plot(curve.steps, curve.mean, color=colours[curve.row],
+                        marker="o" if len(curve.steps) < 12 else None, markersize=3)
+                if curve.seeds > 1:
+                    ax.fill_between(curve.steps, curve.low, curve.high, color=colours[curve.row], alpha=0.2, lw=0)
+            title = f"{report.column_label} = {column}" if report.column_label else column
+            ax.set_title(title if i == 0 else "", fontsize="medium")
+            ax.set_ylabel(metric, fontsize="small")
+            ax.tick_params(labelsize="small")
+            ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("step", fontsize="small")
+    for k in range(len(report.columns), lines * wide):  # empty slots of the last line
+        for i in range(len(metrics)):
+            axes[(k // wide) * len(metrics) + i][k % wide].set_visible(False)
+    if len(report.rows) > 1:  # one entry per row, whichever panels it has lines in
+        fig.legend([plt.Line2D([], [], color=colours[row]) for row in report.rows], report.rows,
+                   loc="upper right", fontsize="small")
+    fig.suptitle(f"{report.title}: learning curves (mean over seeds; band: min to max)", fontsize="medium")
+    fig.tight_layout(rect=(0, 0, 0.85 if len(report.rows) > 1 else 1, 0.95))
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
     return buffer.getvalue()

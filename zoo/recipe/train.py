@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from xlstm_zoo.config import AddedField, ZooConfig
+from xlstm_zoo.config import AddedField, Spec, ZooConfig
 from xlstm_zoo.initialization import Role
 
 
@@ -32,6 +32,9 @@ class TrainConfig(ZooConfig):
     log_every: int = Field(10, ge=1, description="write the training loss to metrics.jsonl every N steps")
     checkpoint_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
+    report_to: list[Spec("logger")] = Field(
+        default_factory=list, description="loggers that get the metrics besides metrics.jsonl, e.g. [tensorboard, "
+                                          "mlflow, wandb] (`xlstm-zoo list logger`); not part of a grid cell's id")
 
     @model_validator(mode="after")
     def _warmup_fits(self):

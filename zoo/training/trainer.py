@@ -17,7 +17,9 @@ import contextlib
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,6 +27,7 @@ from xlstm_zoo.checkpoint import STATE, find_checkpoint, load_checkpoint, save_c
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import parameter_roles
+from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
@@ -143,94 +146,178 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
 
 def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path | None, progress,
            description: str) -> dict:
-    torch.manual_seed(cfg.seed)
-    task = build_task(recipe)
-    check_step_fits(recipe, task, rows, device)
-    model = build_model_for(recipe, task).to(device)
-    optimizer = adamw(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), cfg.lr, cfg.betas)
-    log = MetricsLog(run_dir / METRICS if run_dir and ctx.is_main else None)
-    plain = not ctx.distributed and cfg.micro_batches == 1
-    forward = model
-    if ctx.distributed:
-        forward = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
-        forward.register_comm_hook(None, sum_hook)
+    run = _Run.prepare(recipe, cfg, ctx, rows, device, run_dir)
+    if run.start == cfg.steps:  # a finished run again: nothing trained, nothing logged twice
+        return _finished_result(run_dir, cfg, run.model, run.task, device, ctx)
+    with run.reporting(progress, description):
+        try:
+            for step in range(run.start, cfg.steps):
+                loss, batch = run.loss_and_gradients(step)
+                with _interrupt_after_block():  # weights change: a Ctrl-C waits until this step is recorded
+                    run.safe = None  # until the step is recorded; an exception in between (a second Ctrl-C) saves nothing
+                    run.optimizer.step()
+                    run.record(step + 1, loss.item(), batch.tokens.numel())
+                    run.safe = step + 1
+        except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
+            run.save_interrupted()
+            raise
+        return run.finish()
 
-    start = 0
-    found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
-    if found is not None:
-        start = _resume(found, recipe, model, optimizer, log, ctx.world)
-    ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
-    if start == cfg.steps:
-        return _finished_result(run_dir, cfg, model, task, device, ctx)
 
-    bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
-    model.train()
-    # Listed once for the gradient clipping: model.parameters() walks every submodule each time (~0.1 ms
-    # of a quick-grid cell's 7 ms step).
-    parameters = list(model.parameters())
-    tokens_seen, t0, last_loss = 0, time.perf_counter(), float("nan")
-    safe, saved = start, start  # weights, optimizer and metrics.jsonl are exactly those after `safe` steps
-    try:
-        for step in range(start, cfg.steps):
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-            batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(device)
-            if plain:
-                with _autocast(device, cfg.precision):
-                    logits, _ = model(batch.tokens)
-                loss = task.loss(logits.float(), batch)
-            else:
-                optimizer.zero_grad(set_to_none=True)
-                loss = _accumulate(forward, task, batch, rows, cfg, ctx, device)
-            if not torch.isfinite(loss):  # the same value on every rank: they all stop here
-                good = find_checkpoint(run_dir / CHECKPOINT) if run_dir else None
-                where = f"; the last good checkpoint is {good}" if good else ""
-                log.write({"step": step + 1, "event": "diverged", "loss": str(loss.item())})
-                raise TrainingDiverged(f"training diverged at step {step + 1}: loss is {loss.item()}{where} "
-                                       "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
-            if plain:
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(parameters, cfg.grad_clip)
-            with _interrupt_after_block():  # weights change: a Ctrl-C waits until this step is recorded
-                safe = None  # until the step is recorded; an exception in between (a second Ctrl-C) saves nothing
-                optimizer.step()
-                done = step + 1
-                last_loss = loss.item()
-                tokens_seen += batch.tokens.numel()
-                if done % cfg.log_every == 0 or done == cfg.steps:
-                    log.write({"step": done, "split": "train", "loss": last_loss,
-                               "lr": optimizer.param_groups[0]["lr"]})
-                if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                    for split in cfg.eval_splits:
-                        log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
-                                                                            precision=cfg.precision, ctx=ctx)})
-                due = cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps
-                if run_dir is not None and ctx.is_main and due:
-                    save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
-                    saved = done
-                if bar is not None:
-                    rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
-                    progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
-                safe = done
-    except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
-        if run_dir is not None and ctx.is_main and safe is not None and safe > saved:
-            save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=safe)
-            log.write({"step": safe, "event": "interrupted"})
-        raise
+@dataclass
+class _Run:
+    """One training run's parts and bookkeeping; its methods are the steps of :func:`_train`."""
 
-    final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
-             for split in cfg.eval_splits}
-    for split, metrics in final.items():
-        log.write({"step": cfg.steps, "split": split, **metrics})
-    if run_dir is not None and ctx.is_main:
-        save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=cfg.steps)
-    if bar is not None:
-        progress.remove_task(bar)
-    return {"steps": cfg.steps, "final_train_loss": last_loss, "metrics": final,
-            "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
+    recipe: Any
+    cfg: Any                        # recipe.train
+    ctx: DistContext
+    rows: int                       # rows per process and micro-batch
+    device: str
+    run_dir: Path | None
+    task: Task
+    model: torch.nn.Module
+    forward: torch.nn.Module        # the model, or its DistributedDataParallel wrapper
+    optimizer: torch.optim.Optimizer
+    log: MetricsLog                 # metrics.jsonl: the source of truth
+    loggers: Loggers                # train.report_to (rank 0 only): get every record metrics.jsonl gets
+    start: int = 0                  # the first step to take (a resumed run's checkpoint step)
+    safe: int | None = 0            # weights, optimizer and metrics.jsonl are exactly those after `safe` steps
+    saved: int = 0                  # the step of the last checkpoint written
+    parameters: list = field(default_factory=list)  # listed once for the gradient clipping
+    last_loss: float = float("nan")
+    tokens_seen: int = 0
+    progress: Any = None
+    bar: Any = None
+    t0: float = 0.0
+
+    @classmethod
+    def prepare(cls, recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path | None) -> "_Run":
+        """Loggers checked, model and optimizer built, resumed from the run's checkpoint if it has one."""
+        loggers = Loggers(_build_loggers(cfg, run_dir) if ctx.is_main else [])
+        torch.manual_seed(cfg.seed)
+        task = build_task(recipe)
+        check_step_fits(recipe, task, rows, device)
+        model = build_model_for(recipe, task).to(device)
+        optimizer = adamw(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), cfg.lr, cfg.betas)
+        log = MetricsLog(run_dir / METRICS if run_dir and ctx.is_main else None)
+        forward = model
+        if ctx.distributed:
+            forward = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
+            forward.register_comm_hook(None, sum_hook)
+        run = cls(recipe, cfg, ctx, rows, device, run_dir, task, model, forward, optimizer, log, loggers)
+        found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
+        if found is not None:
+            run.start = _resume(found, recipe, model, optimizer, log, ctx.world)
+        run.safe = run.saved = run.start
+        ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
+        # model.parameters() walks every submodule each time (~0.1 ms of a quick-grid cell's 7 ms step)
+        run.parameters = list(model.parameters())
+        return run
+
+    @contextlib.contextmanager
+    def reporting(self, progress, description: str):
+        """The progress bar and the loggers for the block; the loggers are closed with how it ended."""
+        if self.loggers:
+            self.loggers.open(RunInfo.for_run(self.run_dir, self.recipe.model_dump(mode="json"), self.start))
+        self.progress = progress
+        self.bar = progress.add_task(description, total=self.cfg.steps, completed=self.start, info="") if progress else None
+        self.model.train()
+        self.t0 = time.perf_counter()
+        status = "failed"
+        try:
+            yield
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.loggers.close(status)
+
+    def write(self, record: dict) -> None:
+        self.log.write(record)
+        self.loggers.write(record)
+
+    def loss_and_gradients(self, step: int):
+        """Set the step's learning rate, draw its batch, and leave the clipped gradients of its loss in
+        the parameters; a loss that is not finite stops the run. Returns (loss, batch)."""
+        cfg = self.cfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        batch = self.task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(self.device)
+        plain = not self.ctx.distributed and cfg.micro_batches == 1  # the plain loop: mean loss of the whole batch
+        if plain:
+            with _autocast(self.device, cfg.precision):
+                logits, _ = self.model(batch.tokens)
+            loss = self.task.loss(logits.float(), batch)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = _accumulate(self.forward, self.task, batch, self.rows, cfg, self.ctx, self.device)
+        if not torch.isfinite(loss):  # the same value on every rank: they all stop here
+            self.diverged(step + 1, loss.item())
+        if plain:
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters, cfg.grad_clip)
+        return loss, batch
+
+    def diverged(self, step: int, loss: float):
+        good = find_checkpoint(self.run_dir / CHECKPOINT) if self.run_dir else None
+        where = f"; the last good checkpoint is {good}" if good else ""
+        self.log.write({"step": step, "event": "diverged", "loss": str(loss)})
+        raise TrainingDiverged(f"training diverged at step {step}: loss is {loss}{where} "
+                               "(try a lower train.lr, grad_clip, or bf16 -> fp32)")
+
+    def record(self, done: int, loss: float, tokens: int) -> None:
+        """After optimiser step ``done``: its metrics, a periodic evaluation, a checkpoint, the progress bar."""
+        cfg = self.cfg
+        self.last_loss = loss
+        self.tokens_seen += tokens
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            self.write({"step": done, "split": "train", "loss": loss, "lr": self.optimizer.param_groups[0]["lr"]})
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+            for split in cfg.eval_splits:
+                self.write({"step": done, "split": split, **self.evaluate(split)})
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            self.checkpoint(done)
+        if self.bar is not None:
+            rate = self.tokens_seen / max(time.perf_counter() - self.t0, 1e-9)
+            self.progress.update(self.bar, completed=done, info=f"loss {loss:.3f}  {rate:,.0f} tok/s")
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        return evaluate(self.model, self.task, split, device=self.device, precision=self.cfg.precision, ctx=self.ctx)
+
+    def checkpoint(self, step: int) -> None:
+        if self.run_dir is not None and self.ctx.is_main:
+            save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
+                            optimizer=self.optimizer.state_dict(), step=step)
+            self.saved = step
+
+    def save_interrupted(self) -> None:
+        if self.run_dir is not None and self.ctx.is_main and self.safe is not None and self.safe > self.saved:
+            self.checkpoint(self.safe)
+            self.log.write({"step": self.safe, "event": "interrupted"})
+
+    def finish(self) -> dict:
+        """The final evaluation on every split, the final checkpoint; the run's result."""
+        cfg = self.cfg
+        final = {split: self.evaluate(split) for split in cfg.eval_splits}
+        for split, metrics in final.items():
+            self.write({"step": cfg.steps, "split": split, **metrics})
+        self.checkpoint(cfg.steps)
+        if self.bar is not None:
+            self.progress.remove_task(self.bar)
+        return {"steps": cfg.steps, "final_train_loss": self.last_loss, "metrics": final,
+                "parameters": sum(p.numel() for p in self.model.parameters()), "world_size": self.ctx.world}
+
+
+def _build_loggers(cfg, run_dir: Path | None) -> list:
+    """``train.report_to``'s loggers (a missing package is an error now, before any training)."""
+    if cfg.report_to and run_dir is None:
+        raise ConfigError("train.report_to needs a run directory for the loggers' files and run ids: "
+                          "give --out (or drop --report-to)", path="train.report_to")
+    return build_loggers(cfg.report_to)
 
 
 @contextlib.contextmanager
@@ -282,7 +369,7 @@ def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 
     """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; returns its step. Everything
     is checked before metrics.jsonl is cut back to that step (or, for a finished run, left as it is)."""
     saved_recipe, saved_model, extra = load_checkpoint(path)
-    if saved_recipe.model_dump(exclude={"launch"}) != recipe.model_dump(exclude={"launch"}):
+    if _meaning(saved_recipe) != _meaning(recipe):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     step = _checked_step(path, extra, recipe.train.steps)
@@ -318,3 +405,11 @@ def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: Di
               if r.get("split") == "train" and r.get("step") == cfg.steps and "loss" in r]
     return {"steps": cfg.steps, "final_train_loss": losses[-1] if losses else None, "metrics": final,
             "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
+
+
+def _meaning(recipe) -> dict:
+    """What a checkpoint's recipe must share with the run resuming it: all but how it is launched and
+    where its metrics are sent."""
+    data = recipe.model_dump(exclude={"launch"})
+    data["train"].pop("report_to", None)
+    return data

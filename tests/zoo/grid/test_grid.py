@@ -99,7 +99,7 @@ def test_run_report_and_skip_finished(tmp_path):
     assert "| small | " in text and " ± " in text
     assert f"(seeds: {', '.join(fmt(v) for v in group.values)})" in text, "every seed's value is reported"
     files = write_report(report, tmp_path)
-    assert {f.name for f in files} == {"report.md", "report.csv", "report.png"}
+    assert {f.name for f in files} == {"report.md", "report.csv", "report.png", "curves.png"}
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "small,value,accuracy,valid," in (tmp_path / "report.csv").read_text()
 

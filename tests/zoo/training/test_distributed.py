@@ -78,8 +78,8 @@ def ddp_run(tmp_path_factory):
     recipe = tmp / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(RECIPE))
     out = tmp / "run"
-    proc = subprocess.run([sys.executable, "-m", "xlstm_zoo", "train", str(recipe), "--nproc", "2", "--out", str(out)],
-                          capture_output=True, text=True, env=ENV, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "xlstm_zoo", "train", str(recipe), "--nproc", "2", "--out", str(out),
+                           "--report-to", "tensorboard"], capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 
@@ -130,8 +130,16 @@ def test_only_rank_zero_writes(ddp_run):
     records = read_metrics(out / "metrics.jsonl")
     keys = [(r["step"], r.get("split")) for r in records]
     assert len(keys) == len(set(keys)) and [r["step"] for r in records if r["split"] == "train"] == list(range(5, 41, 5))
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl"], "no temporaries, one of each"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl", "tensorboard"], \
+        "no temporaries, one of each"
     assert proc.stdout.count('"world_size": 2') == 1, "the result is printed once"
+    (events,) = (out / "tensorboard").iterdir()  # one logger run: rank 0's
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # the test extra's
+
+    scalars = EventAccumulator(str(events.parent))
+    scalars.Reload()
+    assert [(e.step, e.value) for e in scalars.Scalars("train/loss")] == [
+        (r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in records if r["split"] == "train"]
 
 
 def test_resume_after_a_rank_dies_is_exact(ddp_run, tmp_path):
