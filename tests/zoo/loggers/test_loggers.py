@@ -16,13 +16,14 @@ from typing import Literal
 
 import numpy as np
 import pytest
+import yaml
 
 from xlstm_zoo import load_recipe
 from xlstm_zoo.config import ZooConfig
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.runner import run_grid
-from xlstm_zoo.loggers.base import Logger, LoggerWarning, RunInfo, build_loggers, metric_values
+from xlstm_zoo.loggers.base import Logger, LoggerWarning, RunInfo, metric_values
 from xlstm_zoo.registry import component, registry
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import train
@@ -269,8 +270,6 @@ def test_report_to_is_not_part_of_a_cells_id():
 
 def test_cli_report_to_flag(tmp_path, run_cli, monkeypatch):
     recipe = tmp_path / "toy.yaml"
-    import yaml
-
     recipe.write_text(yaml.safe_dump(toy_task.recipe(steps=5, report_to=["mlflow"])))
     code, out, err = run_cli("train", recipe, "--out", tmp_path / "run", "--report-to", "tensorboard")
     assert code == 0, err
