@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import functools
 import os
 import sys

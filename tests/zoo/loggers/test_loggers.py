@@ -165,7 +165,7 @@ def test_a_resumed_run_continues_its_logger_runs(tmp_path, monkeypatch):
     original = toy_task.ToyCopy.batch
 
     def flaky(self, split, *args):
-        if split == "train":
+        if split == "train" and args[0] > 1:  # training batches (the trainer's size check draws one row first)
             calls["n"] += 1
             if calls["n"] == 17:
                 raise Interrupt()
