@@ -61,3 +61,23 @@ def test_extreme_keys_stay_finite_and_pick_the_largest(form):
     assert (y.abs() <= v.abs().amax(1, keepdim=True) + 1e-5).all()
     expected = hf_rwkv.rwkv_linear_attention_cpu(decay, bonus, k, v)[0]
     assert_close(y, expected, kind="form", what=f"{form} at extreme keys")
+
+
+def test_compiled_forward_equals_the_recurrent_form_and_leaves_the_state_alone():
+    from xlstm_zoo.backends.cpp.build import unavailable_reason
+    from xlstm_zoo.backends.cpp.rwkv import wkv_forward, wkv_kernel_applies
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"C++ kernels unavailable: {unavailable_reason()}")
+    decay, bonus, k, v, state = _inputs(T=50)
+    w = -torch.exp(decay)
+    _, *after = wkv_recurrent(w, bonus, k[:, :13], v[:, :13], *state)  # a non-empty start
+    before = [s.clone() for s in after]
+    with torch.no_grad():
+        assert wkv_kernel_applies(w, bonus, k, v, *after)
+        got = wkv_forward(w, bonus, k, v, *after)
+    expected = wkv_recurrent(w, bonus, k, v, *after)
+    for name, g, e in zip(("wkv", "num", "den", "m"), got, expected):
+        assert_close(g, e, kind="kernel", what=f"compiled {name}")
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
+    assert not wkv_kernel_applies(w.requires_grad_(), bonus, k, v, *after)  # training stays on autograd

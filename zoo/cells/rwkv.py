@@ -12,7 +12,8 @@ carried as numerator, denominator and their common exponent ``m`` (each stored a
 the running maximum exponent), so no exponential overflows. Two forms, equal up to rounding:
 ``recurrent`` (a loop over time, vectorised over batch and channels) and ``chunkwise`` (within a
 chunk all pairs at once, each output's maximum exponent taken over its pairs; a loop over chunks
-carries the state).
+carries the state). Where no gradient is wanted (float32 on the CPU) either form runs as one compiled
+pass of the recurrent loop (:mod:`xlstm_zoo.backends.cpp.rwkv`).
 
 ``rwkv_channel_mix``: ``y_t = sigmoid(W_r xr_t) * W_v relu(W_k xk_t)^2``; its state is the shift.
 
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from xlstm_zoo.backends.cpp.rwkv import wkv_forward, wkv_kernel_applies
 from xlstm_zoo.cells.base import Cell
 from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.layers import linear
@@ -203,8 +205,10 @@ class RWKVTimeMix(Cell):
             state = self.init_state(x.shape[0], x.device)
         k, v, r = self._kvr(x, token_shift(x, state.shift), value_input)
         w, u = self._decay_bonus(k.dtype)
-        carried = (s.to(k.dtype) for s in state[1:])
-        if self.config.form == "chunkwise":
+        carried = tuple(s.to(k.dtype) for s in state[1:])
+        if wkv_kernel_applies(w, u, k, v, *carried):  # no gradient wanted, float32 on the CPU: one compiled pass
+            wkv, num, den, m = wkv_forward(w, u, k, v, *carried)
+        elif self.config.form == "chunkwise":
             wkv, num, den, m = wkv_chunkwise(w, u, k, v, *carried, chunk=self.config.chunk_size)
         else:
             wkv, num, den, m = wkv_recurrent(w, u, k, v, *carried)

@@ -47,15 +47,19 @@ def _scaled_close(ours, theirs, what):
     assert worst <= 1e-5 * scale, f"{what}: max |difference| {worst:.3g} > 1e-5 * {scale:.3g}"
 
 
-@pytest.mark.parametrize("form", ["chunkwise", "recurrent"])
+# "compiled": the WKV loop's C++ pass (no gradient wanted); the two PyTorch forms run with gradients on
+@pytest.mark.parametrize("form", ["compiled", "chunkwise", "recurrent"])
 def test_logits_states_and_generation_match_transformers(hf_dir, hf_model, form):
     model = xlstm_zoo.from_pretrained(hf_dir)
     for block in model.stack.blocks[::2]:
-        block.cell.config = block.cell.config.model_copy(update={"form": form})
+        block.cell.config = block.cell.config.model_copy(update={"form": "recurrent" if form == "compiled" else form})
+        block.cell.decay.requires_grad_(True)
     tokens = torch.randint(0, 97, (3, 41), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         out = hf_model(tokens, use_cache=True)
+    with torch.set_grad_enabled(form != "compiled"):
         logits, state = model(tokens)
+    logits, state = logits.detach(), tuple(type(s)(*(t.detach() for t in s)) for s in state)
     _scaled_close(logits, out.logits, f"logits ({form})")
     # HF's state: five [B, hidden, layers] tensors (channel shift, time shift, num, den, max)
     for layer in range(2):
