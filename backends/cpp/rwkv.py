@@ -13,7 +13,8 @@ __all__ = ["wkv_forward", "wkv_kernel_applies"]
 
 def wkv_kernel_applies(w, u, k, v, num, den, m) -> bool:
     tensors = (w, u, k, v, num, den, m)
-    return (all(type(t) is torch.Tensor for t in tensors) and k.dim() == 3
+    # plain tensors and parameters (the bonus arrives as the cell's parameter itself), no tensor subclasses
+    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) and k.dim() == 3
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
             and direct_call_allowed(*tensors))
 

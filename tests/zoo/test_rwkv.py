@@ -81,3 +81,21 @@ def test_compiled_forward_equals_the_recurrent_form_and_leaves_the_state_alone()
         assert_close(g, e, kind="kernel", what=f"compiled {name}")
     assert all(torch.equal(a, b) for a, b in zip(after, before))
     assert not wkv_kernel_applies(w.requires_grad_(), bonus, k, v, *after)  # training stays on autograd
+
+
+def test_cell_runs_the_compiled_pass_only_without_gradients(monkeypatch):
+    from xlstm_zoo.backends.cpp.build import unavailable_reason
+    from xlstm_zoo.cells import rwkv as rwkv_cells
+    from xlstm_zoo.config import BuildContext
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"C++ kernels unavailable: {unavailable_reason()}")
+    calls = []
+    monkeypatch.setattr(rwkv_cells, "wkv_forward", lambda *a: calls.append(1) or rwkv_cells.wkv_recurrent(*a))
+    cell = rwkv_cells.RWKVTimeMix(rwkv_cells.RWKVConfig(), BuildContext(dim=16))
+    x = torch.randn(2, 9, 16)
+    cell(x)
+    assert calls == []
+    with torch.no_grad():
+        cell(x)
+    assert calls == [1]
