@@ -81,11 +81,12 @@ def test_logits_states_and_generation_match_transformers(hf_dir, hf_model, form)
         theirs = hf_model(nxt[:1, None], state=one.state, use_cache=True).logits[:, 0]
         ours, _ = model.step(nxt[:1], model(tokens[:1])[1])
         _scaled_close(ours, theirs, f"step logits vs HF's step ({form})")
-    for row in range(2):
-        prompt = tokens[row:row + 1, :7]
-        ours = model.generate(prompt, 20, greedy=True)
-        theirs = hf_model.generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20)
-        assert torch.equal(ours, theirs)
+    if form == "compiled":  # generation runs without gradients: the compiled pass whatever the form
+        for row in range(2):
+            prompt = tokens[row:row + 1, :7]
+            ours = model.generate(prompt, 20, greedy=True)
+            theirs = hf_model.generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20)
+            assert torch.equal(ours, theirs)
 
 
 def test_mapping_has_teeth(hf_dir, hf_model):
