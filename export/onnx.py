@@ -178,7 +178,9 @@ def graph_checks(model, signature: StepSignature, batch: tuple[int, int, int]) -
         while source in producer and producer[source].op_type == "Identity" and source not in seen:
             seen.add(source)
             source = producer[source].input[0]
-        if source in inputs:
+        # a state's own input handed back is the fault; the step's input kept as the next state is not
+        # (RWKV's token shift stores the token it was given)
+        if source in inputs and source != signature.input.name:
             unchanged.append(f"{name} <- {source}")
     rows.append(("no state returned unchanged", not unchanged, ", ".join(unchanged) or "every output is computed"))
     # fp32 states

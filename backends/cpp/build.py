@@ -1,7 +1,8 @@
 """Build the C++ kernels (the sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward; the
 mLSTM step, a step's linear maps and the xLSTM-7B block's whole step for generation; the gated MLP's SiLU
 and GELU gates, RMSNorm, the soft cap, the per-head LayerNorm (with or without the 7B cell's output gate),
-the conv blocks' causal conv + SiLU and the block-diagonal map of small blocks, one pass each way) once per
+the conv blocks' causal conv + SiLU and the block-diagonal map of small blocks, one pass each way; RWKV-4's WKV
+forward for inference) once per
 machine and load them with ctypes.
 
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
@@ -35,7 +36,8 @@ from xlstm_zoo.backends.dispatch import ENV_FORCE
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp", HERE / "mlstm_step.cpp",
            HERE / "linear_step.cpp", HERE / "block_step.cpp", HERE / "gated_activation.cpp", HERE / "rms_norm.cpp",
-           HERE / "soft_cap.cpp", HERE / "head_norm_gate.cpp", HERE / "causal_conv.cpp", HERE / "block_diagonal.cpp")
+           HERE / "soft_cap.cpp", HERE / "head_norm_gate.cpp", HERE / "causal_conv.cpp", HERE / "block_diagonal.cpp",
+           HERE / "rwkv_wkv.cpp")
 HEADERS = (HERE / "loops.h", HERE / "block_gemm.h", HERE / "linear_rows.h", HERE / "mlstm_step.h")
 LIBRARY = "libxlstm_zoo_loops.so"
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
@@ -200,7 +202,8 @@ def _load(path: Path) -> ctypes.CDLL:
                            "head_norm_gate_forward_f32": [ptr] * 7 + [i64] * 4 + [f32, i64],
                            "head_norm_gate_backward_f32": [ptr] * 11 + [i64] * 5,
                            "head_norm_forward_f32": [ptr] * 6 + [i64] * 3 + [f32, i64],
-                           "head_norm_backward_f32": [ptr] * 9 + [i64] * 4}.items():
+                           "head_norm_backward_f32": [ptr] * 9 + [i64] * 4,
+                           "rwkv_wkv_forward_f32": [ptr] * 8 + [i64] * 4}.items():
         fn = getattr(lib, f"xlstm_zoo_{name}")
         fn.argtypes, fn.restype = argtypes, None
     return lib

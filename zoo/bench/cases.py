@@ -595,10 +595,49 @@ def _lstm_cases(scale: Scale) -> list[Case]:
     return cases
 
 
+def _transformers_rwkv_layer(scale: Scale) -> torch.nn.Module:
+    """transformers' ``RwkvBlock`` (not the first: no embedding norm) at the scale's width, its CPU path."""
+    try:  # optional: transformers is a test extra, never a dependency
+        from transformers.models.rwkv.modeling_rwkv import RwkvBlock, RwkvConfig
+    except ImportError:
+        raise BaselineUnavailable("transformers is not installed (pip install transformers)") from None
+    config = RwkvConfig(hidden_size=scale.dim, attention_hidden_size=scale.dim, intermediate_size=4 * scale.dim,
+                        num_hidden_layers=2)
+    torch.manual_seed(scale.seed)
+    layer = RwkvBlock(config, layer_id=1)
+    with torch.no_grad():  # its parameters are created empty; random values like ours
+        for p in layer.parameters():
+            p.normal_(0.0, 0.1)
+    return layer
+
+
+def _rwkv_cases(scale: Scale) -> list[Case]:
+    """One RWKV-4 layer (time mixing, channel mixing, two pre-norm residuals) against transformers' block."""
+    cases = []
+    shapes = f"B={scale.batch} T={scale.seq_len} d={scale.dim} fp32"
+    overrides = [f"dim={scale.dim}", "stack.pattern=tc", "stack.post_norm.type=none"]
+    for label, wrap in (("fwd", _forward), ("fwdbwd", _forward_backward)):
+        def ours(wrap=wrap):
+            torch.manual_seed(scale.seed)
+            stack = build(load_recipe("rwkv", overrides)).stack
+            return Prepared(wrap(stack, _input(scale)), count(stack),
+                            note="rwkv recipe, one layer (tc): the WKV loop compiled without gradients, "
+                                 "chunkwise (16) under autograd")
+
+        def baseline(wrap=wrap):
+            layer = _transformers_rwkv_layer(scale)
+            return Prepared(wrap(layer, _input(scale)), count(layer), note="transformers RwkvBlock (CPU path: a "
+                                                                           "Python loop over time)")
+
+        cases.append(Case(f"rwkv/{label}", "RWKV-4 layer vs transformers", shapes, ours, baseline,
+                          baseline_name="transformers", info=dict(recipe="rwkv", overrides=overrides)))
+    return cases
+
+
 def make_cases(scale: Scale = FULL) -> list[Case]:
     """Every case at this scale, in table order."""
     return (_architecture_cases(scale) + _large_cases(scale) + _lstm_cases(scale) + _op_cases(scale)
-            + _sweep_cases(scale) + _generation_cases(scale))
+            + _sweep_cases(scale) + _generation_cases(scale) + _rwkv_cases(scale))
 
 
 def case_names(scale: Scale = FULL) -> list[str]:

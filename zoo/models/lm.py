@@ -15,6 +15,7 @@ from xlstm_zoo.errors import InputError
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
 from xlstm_zoo.layers import Linear
 from xlstm_zoo.models.tokens import check_generation, check_token_ids, embed_tokens
+from xlstm_zoo.norms import NoNormConfig
 from xlstm_zoo.registry import component
 from xlstm_zoo.stacks import XLSTMStackConfig
 
@@ -28,6 +29,8 @@ class CausalLMConfig(ZooConfig):
     init: InitConfig = Field(default_factory=InitConfig, description="how the weights start (scheme, per-role std)")
     logit_softcap: float | None = AddedField(None, gt=0, description="soft-cap the logits to (-cap, cap) with "
                                                                     "cap*tanh(logits/cap) (xLSTM-7B: 30)")
+    embedding_norm: Spec("norm") = AddedField(NoNormConfig(), description="a norm of the embeddings "
+                                              "before the stack (RWKV's ln0: layernorm)")
 
 
 @component("model", "causal_lm", config=CausalLMConfig, description="causal language model with stateful step-wise generation")
@@ -40,6 +43,7 @@ class CausalLM(nn.Module):
                             "vocab_size")
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.dim)
+        self.embedding_norm = build(config.embedding_norm, ctx.at("embedding_norm"), "norm")
         self.stack = build(config.stack, ctx.at("stack"), "stack")
         self.head = Linear(config.dim, config.vocab_size, bias=False)
         self._compiled_step = None  # made by compiled_step() on first use
@@ -68,12 +72,12 @@ class CausalLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, state: tuple | None = None):
         """``tokens [B, T]`` -> ``logits [B, T, vocab]``, final state."""
-        h, state = self.stack(embed_tokens(self.embedding, tokens), state)
+        h, state = self.stack(self.embedding_norm(embed_tokens(self.embedding, tokens)), state)
         return self._logits(h), state
 
     def step(self, token: torch.Tensor, state: tuple | None):
         """``token [B]`` -> ``logits [B, vocab]``, next state (``state=None``: the zero state)."""
-        h, state = self.stack.step(embed_tokens(self.embedding, token), state)
+        h, state = self.stack.step(self.embedding_norm(embed_tokens(self.embedding, token)), state)
         return self._logits(h), state
 
     def compiled_step(self):

@@ -4,7 +4,7 @@
     xlstm_zoo.save_pretrained(model, "out/", layout="zoo")   # recipe.yaml + model.safetensors
     xlstm_zoo.save_pretrained(model, "out-hf/", layout="hf") # loads with transformers' from_pretrained
 
-Layouts (:mod:`.sources`): Hugging Face ``xLSTMForCausalLM`` and the official ``xlstm_large``
+Layouts (:mod:`.sources`): Hugging Face ``xLSTMForCausalLM`` and ``RwkvForCausalLM`` (:mod:`.rwkv`), the official ``xlstm_large``
 directories (:mod:`.large`), official NeurIPS ``xLSTMLMModel`` state dicts (:mod:`.neurips`), and
 our own (:mod:`.zoo_layout`). Every conversion is strict (:mod:`.mapping`); the model is built on
 ``meta`` and filled one tensor at a time (:mod:`.load`). docs/pretrained.md lists every key.
@@ -19,7 +19,7 @@ from torch import nn
 
 from xlstm_zoo.checkpoint import atomic_write, json_text, recipe_text, replace_directory
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.pretrained import large, neurips, zoo_layout
+from xlstm_zoo.pretrained import large, neurips, rwkv, zoo_layout
 from xlstm_zoo.pretrained.load import build_meta, load_into
 from xlstm_zoo.pretrained.mapping import MappingError, Rule
 from xlstm_zoo.pretrained.sources import LAYOUTS, Opened, open_checkpoint
@@ -39,7 +39,9 @@ class Plan:
         self.opened = opened
         self.recipe, self.model = build_meta(recipe_data)
         layout, source, config = opened.layout, opened.source, self.recipe.model
-        if layout in ("hf", "xlstm_large"):
+        if _is_hf_rwkv(opened):
+            self.rules, self.ignored = rwkv.rules(source, config), set()
+        elif layout in ("hf", "xlstm_large"):
             self.rules, self.ignored = large.rules(source, layout, config), set()
         elif layout == "neurips":
             self.rules, self.ignored = neurips.rules(source, config), neurips.ignored(source, config)
@@ -56,13 +58,19 @@ class Plan:
 def plan(path, *, layout: str = "auto", config=None) -> Plan:
     """Open ``path`` and work out the conversion without reading any tensor data."""
     opened = open_checkpoint(path, layout=layout, config=config)
-    if opened.layout in ("hf", "xlstm_large"):
+    if _is_hf_rwkv(opened):
+        data = rwkv.recipe(opened.config, opened.source, opened.name)
+    elif opened.layout in ("hf", "xlstm_large"):
         data = large.recipe(opened.config, opened.source, opened.layout, opened.name)
     elif opened.layout == "neurips":
         data = neurips.recipe(opened.config, opened.source, opened.name)
     else:
         data = zoo_layout.recipe_data(Path(path))
     return Plan(opened, data)
+
+
+def _is_hf_rwkv(opened: Opened) -> bool:
+    return opened.layout == "hf" and opened.config.get("model_type") == rwkv.MODEL_TYPE
 
 
 def from_pretrained(path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
@@ -102,7 +110,7 @@ def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", max_sha
             files.extend(zoo_layout.write(tmp, recipe_yaml, model))
             _write_provenance(tmp, model, files)
     elif layout == "hf":
-        config, state = large.hf_export(model)  # refused before anything is written
+        config, state = (rwkv.hf_export if rwkv.is_rwkv(model.config) else large.hf_export)(model)  # refused before anything is written
         provenance = getattr(model, "provenance", None) or {}
         generation = provenance.get("generation") or {}
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):

@@ -21,6 +21,12 @@ from xlstm_zoo.pretrained.sources import Opened
 
 def require(opened: Opened) -> None:
     """Fail early (before anything is written) when ``--check`` cannot run."""
+    if _is_hf_rwkv(opened):
+        try:  # optional: transformers is a test extra, never a dependency
+            import transformers  # noqa: F401
+        except ImportError:
+            raise ConfigError("--check of an RWKV checkpoint needs transformers (pip install transformers)") from None
+        return
     official_module = "xlstm.xlstm_large.model" if opened.layout in ("hf", "xlstm_large") else "xlstm"
     if opened.layout == "zoo":
         raise ConfigError("--check compares with the official implementation; an xlstm-zoo directory has none")
@@ -34,6 +40,8 @@ def require(opened: Opened) -> None:
 
 def official_model(opened: Opened, tokens: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The official model with the checkpoint's weights rounded to ``dtype`` (as ours were), in fp32."""
+    if _is_hf_rwkv(opened):
+        return _transformers_rwkv(opened, dtype)
     try:  # optional: the official package is a test extra, never a dependency
         if opened.layout in ("hf", "xlstm_large"):
             from xlstm.xlstm_large.model import xLSTMLarge, xLSTMLargeConfig
@@ -69,6 +77,22 @@ def official_model(opened: Opened, tokens: int, dtype: torch.dtype = torch.float
     return model.eval()
 
 
+def _is_hf_rwkv(opened: Opened) -> bool:
+    return opened.layout == "hf" and opened.config.get("model_type") == "rwkv"
+
+
+def _transformers_rwkv(opened: Opened, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' ``RwkvForCausalLM`` (its CPU path) with the checkpoint's weights."""
+    import transformers  # optional: a test extra, only for --check
+
+    config = {k: v for k, v in opened.config.items() if not k.startswith("_")}
+    model = transformers.RwkvForCausalLM(transformers.RwkvConfig(**config))
+    state = {k: opened.source.load(k).to(dtype).float() for k in opened.source.keys()}
+    state.setdefault("head.weight", state["rwkv.embeddings.weight"])
+    model.load_state_dict(state, strict=True)
+    return model.float().eval()
+
+
 def _cuda_to_vanilla(model, state: dict) -> None:
     """A checkpoint trained with the CUDA sLSTM kernel stores its cell in another layout."""
     from xlstm.blocks.slstm.cell import sLSTMCell_cuda  # optional package, only for --check
@@ -102,6 +126,7 @@ def max_logit_difference(model: torch.nn.Module, opened: Opened, *, tokens: int 
     ids = torch.randint(0, ours.embedding.num_embeddings, (2, tokens), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         expected = official(ids)
+        expected = getattr(expected, "logits", expected)  # transformers' output object
         expected = expected[0] if isinstance(expected, tuple) else expected
         got, _ = ours(ids)
     return float((got - expected).abs().max())

@@ -1,6 +1,6 @@
 """Opening a checkpoint: which layout it is, its tensors (read lazily) and its config.
 
-- ``hf``: a directory with ``config.json`` (``model_type: xlstm``) and ``model.safetensors`` or
+- ``hf``: a directory with ``config.json`` (``model_type: xlstm``, or ``rwkv`` for RWKV-4) and ``model.safetensors`` or
   shards with ``model.safetensors.index.json``;
 - ``xlstm_large``: a directory with ``config.yaml`` and ``model.safetensors`` or ``model_0, _1, ...``;
 - ``zoo``: a directory with ``recipe.yaml`` and ``model.safetensors`` (what ``save_pretrained`` writes);
@@ -23,6 +23,7 @@ from xlstm_zoo.pretrained.neurips import strip_prefixes
 from xlstm_zoo.pretrained.tensorfile import SafetensorsSource, StateDictSource, TensorSource
 
 LAYOUTS = ("hf", "xlstm_large", "neurips", "zoo")
+HF_MODEL_TYPES = ("xlstm", "rwkv")  # what an hf directory's config.json may hold (rwkv: pretrained/rwkv.py)
 STATE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
@@ -88,9 +89,10 @@ def _open_dir(path: Path, layout: str, config) -> Opened:
                           file=str(path))
     if layout == "hf":
         cfg = _read_config(path / "config.json", json.loads)
-        if cfg.get("model_type") != "xlstm":
-            raise ConfigError(f"model_type is {cfg.get('model_type')!r}; only Hugging Face xLSTM (model_type: xlstm) "
-                              "checkpoints convert", file=str(path / "config.json"))
+        if cfg.get("model_type") not in HF_MODEL_TYPES:
+            raise ConfigError(f"model_type is {cfg.get('model_type')!r}; only Hugging Face xLSTM and RWKV-4 "
+                              f"(model_type: {', '.join(HF_MODEL_TYPES)}) checkpoints convert",
+                              file=str(path / "config.json"))
         if (path / "generation_config.json").is_file():
             cfg["_generation"] = _read_config(path / "generation_config.json", json.loads)
     elif layout == "xlstm_large":

@@ -1,0 +1,265 @@
+"""RWKV-4 (Peng et al., 2023): time mixing (the WKV recurrence) and channel mixing, as two cells.
+
+Both start with a *token shift*: each path reads a per-channel mix ``mu * x_t + (1 - mu) * x_{t-1}``
+of the token and the one before it (the state carries ``x_{t-1}``; zeros before the first token).
+
+``rwkv`` (time mixing), per channel c with decay ``w = exp(decay) > 0`` and bonus ``u``::
+
+    wkv_t = (sum_{i<t} e^{-(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (same sums without v)
+    y_t   = W_o (sigmoid(r_t) * wkv_t)
+
+carried as numerator, denominator and their common exponent ``m`` (each stored as ``x * e^m``, ``m``
+the running maximum exponent), so no exponential overflows. Two forms, equal up to rounding:
+``recurrent`` (a loop over time, vectorised over batch and channels) and ``chunkwise`` (within a
+chunk all pairs at once, each output's maximum exponent taken over its pairs; a loop over chunks
+carries the state). Where no gradient is wanted (float32 on the CPU) either form runs as one compiled
+pass of the recurrent loop (:mod:`xlstm_zoo.backends.cpp.rwkv`).
+
+``rwkv_channel_mix``: ``y_t = sigmoid(W_r xr_t) * W_v relu(W_k xk_t)^2``; its state is the shift.
+
+``value_input`` (a block's second stream), where given, replaces ``x_t`` in the content path's
+token shift (time mixing: the value; channel mixing: the key): ``mu * value_t + (1 - mu) * x_{t-1}``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from xlstm_zoo.backends.cpp.rwkv import wkv_forward, wkv_kernel_applies
+from xlstm_zoo.cells.base import Cell
+from xlstm_zoo.config import BuildContext, ZooConfig
+from xlstm_zoo.layers import linear
+from xlstm_zoo.registry import component
+
+# The exponent of an empty WKV state (HF's CPU path uses the same): finite, so that ``m - w`` and
+# exported graphs stay free of inf - inf; any token's exponent exceeds it.
+EMPTY_EXPONENT = -1e38
+
+
+class RWKVState(NamedTuple):
+    """Time mixing, each ``[B, C]``: the previous input ``shift``; WKV numerator ``num`` and denominator
+    ``den`` (both scaled by ``e^-m``) and their exponent ``m``. Zero state: zeros, ``m`` = -1e38."""
+
+    shift: torch.Tensor
+    num: torch.Tensor
+    den: torch.Tensor
+    m: torch.Tensor
+
+    @classmethod
+    def export_sample(cls, like: "RWKVState", generator: torch.Generator) -> "RWKVState":
+        """A reachable state: ``den > 0`` (a sum of exponentials), ``num = den * (an average of values)``."""
+        def draw(t):
+            return torch.randn(t.shape, generator=generator, dtype=t.dtype)
+        den = torch.rand(like.den.shape, generator=generator, dtype=like.den.dtype) + 0.5
+        return cls(draw(like.shift), den * draw(like.num), den, draw(like.m))
+
+
+class ShiftState(NamedTuple):
+    """Channel mixing: the previous input ``shift [B, D]``. Zero state: zeros."""
+
+    shift: torch.Tensor
+
+    @classmethod
+    def export_sample(cls, like: "ShiftState", generator: torch.Generator) -> "ShiftState":
+        return cls(torch.randn(like.shift.shape, generator=generator, dtype=like.shift.dtype))
+
+
+def token_shift(x: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """``[B, T, D]``: each position's previous token, ``previous [B, D]`` before the first."""
+    return torch.cat([previous[:, None].to(x.dtype), x[:, :-1]], dim=1)
+
+
+def mix(current: torch.Tensor, shifted: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    return current * mu + shifted * (1 - mu)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)  # float64 stays float64, halves compute in fp32
+
+
+# -- the WKV recurrence ---------------------------------------------------------------------------------
+
+def wkv_recurrent(w, u, k, v, num, den, m):
+    """``k, v [B, T, C]``, ``w = -exp(decay)``, ``u [C]``; state ``[B, C]`` -> ``(wkv [B, T, C], num, den, m)``."""
+    out = []
+    for t in range(k.shape[1]):
+        y, num, den, m = wkv_step(w, u, k[:, t], v[:, t], num, den, m)
+        out.append(y)
+    return torch.stack(out, 1), num, den, m
+
+
+def wkv_step(w, u, k, v, num, den, m):
+    """One token ``k, v [B, C]``: its output (the state plus the bonus-weighted token) and the next state."""
+    m_out = torch.maximum(m, u + k)
+    a, b = torch.exp(m - m_out), torch.exp(u + k - m_out)
+    y = (a * num + b * v) / (a * den + b)
+    m_next = torch.maximum(m + w, k)
+    a, b = torch.exp(m + w - m_next), torch.exp(k - m_next)
+    return y, a * num + b * v, a * den + b, m_next
+
+
+def wkv_chunkwise(w, u, k, v, num, den, m, chunk: int):
+    """As :func:`wkv_recurrent`, whole chunks at once: the full chunks in one pass, a shorter rest after."""
+    T = k.shape[1]
+    full = T - T % chunk
+    outs = []
+    if full:
+        B, C = k.shape[0], k.shape[2]
+        y, num, den, m = _wkv_chunks(w, u, k[:, :full].reshape(B, -1, chunk, C), v[:, :full].reshape(B, -1, chunk, C),
+                                     num, den, m)
+        outs.append(y.flatten(1, 2))
+    if full < T:
+        y, num, den, m = _wkv_chunks(w, u, k[:, full:, None].transpose(1, 2), v[:, full:, None].transpose(1, 2),
+                                     num, den, m)
+        outs.append(y[:, 0])
+    return torch.cat(outs, 1), num, den, m
+
+
+def _wkv_chunks(w, u, k, v, num, den, m):
+    """``k, v [B, N, L, C]`` (N chunks of L tokens), state at the first chunk's start ``[B, C]``."""
+    L = k.shape[2]
+    pos = torch.arange(L, device=k.device, dtype=k.dtype)
+    # within a chunk: token i reaches output t > i decayed (t-1-i) times, and token t itself with the bonus
+    before = pos[None, :] < pos[:, None]                                                     # [t, i]: i < t
+    lag = (pos[:, None] - pos[None, :] - 1).clamp(min=0)
+    pairs = torch.where(before[..., None], k[:, :, None] + lag[..., None] * w, float("-inf"))  # [B, N, t, i, C]
+    own = u + k
+    m_in = torch.maximum(pairs.amax(3), own)
+    e, e_own = torch.exp(pairs - m_in[:, :, :, None]), torch.exp(own - m_in)
+    num_in = (e * v[:, :, None]).sum(3) + e_own * v
+    den_in = e.sum(3) + e_own
+    # each chunk's contribution to the state at its end: token i decayed (L-1-i) times
+    to_end = k + (L - 1 - pos)[:, None] * w
+    m_end = to_end.amax(2)
+    e_end = torch.exp(to_end - m_end[:, :, None])
+    num_end, den_end = (e_end * v).sum(2), e_end.sum(2)
+    # the state at each chunk's start: a loop over chunks
+    starts = []
+    for n in range(k.shape[1]):
+        starts.append((num, den, m))
+        m_old = m + L * w
+        m = torch.maximum(m_old, m_end[:, n])
+        a, b = torch.exp(m_old - m), torch.exp(m_end[:, n] - m)
+        num, den = a * num + b * num_end[:, n], a * den + b * den_end[:, n]
+    num0, den0, m0 = (torch.stack(s, 1)[:, :, None] for s in zip(*starts))                  # [B, N, 1, C]
+    m_state = m0 + pos[:, None] * w                                                          # the start state at t
+    top = torch.maximum(m_in, m_state)
+    a, b = torch.exp(m_in - top), torch.exp(m_state - top)
+    return (a * num_in + b * num0) / (a * den_in + b * den0), num, den, m
+
+
+# -- the cells ------------------------------------------------------------------------------------------
+
+class RWKVConfig(ZooConfig):
+    type: Literal["rwkv"] = "rwkv"
+    attention_dim: int | None = Field(None, ge=1, description="width of k, v, r and the WKV state (null: dim)")
+    form: Literal["recurrent", "chunkwise"] = Field("chunkwise", description="sequence form (both exact)")
+    chunk_size: int = Field(16, ge=1, description="tokens per chunk (form: chunkwise)")
+
+
+@component("cell", "rwkv", config=RWKVConfig, description="RWKV-4 time mixing: token shift, WKV recurrence (stabilised), receptance gate")
+class RWKVTimeMix(Cell):
+    init_roles = {"output.weight": "out_proj"}
+
+    def __init__(self, config: RWKVConfig, ctx: BuildContext):
+        super().__init__(ctx.dim, ctx.dim)
+        self.config = config
+        D, A = ctx.dim, config.attention_dim or ctx.dim
+        self.attention_dim = A
+        depth = ctx.block_index / max(ctx.num_blocks - 1, 1)  # 0 .. 1 through the stack
+        ramp = torch.arange(D) / D
+        # RWKV-4's schedule: decays spread over channels (faster deeper down), shifts mixed more early on
+        self.decay = nn.Parameter(-5 + 8 * (torch.arange(A) / max(A - 1, 1)) ** (0.7 + 1.3 * depth))
+        self.bonus = nn.Parameter(torch.full((A,), 0.5))
+        self.mix_k = nn.Parameter(ramp ** (1 - depth))
+        self.mix_v = nn.Parameter(ramp ** (1 - depth) + 0.3 * depth)
+        self.mix_r = nn.Parameter(ramp ** (0.5 * (1 - depth)))
+        self.key, self.value, self.receptance = linear(D, A), linear(D, A), linear(D, A)
+        self.output = linear(A, D)
+
+    def init_state(self, batch: int, device=None) -> RWKVState:
+        device = device or self._device()
+        zero = torch.zeros(batch, self.attention_dim, device=device)
+        return RWKVState(torch.zeros(batch, self.in_dim, device=device), zero, zero.clone(),
+                         torch.full_like(zero, EMPTY_EXPONENT))
+
+    def _kvr(self, x, shifted, value_input):
+        dtype = _compute_dtype(x)
+        x, shifted = x.to(dtype), shifted.to(dtype)
+        v_in = x if value_input is None else value_input.to(dtype)
+        k = self.key(mix(x, shifted, self.mix_k).to(self.key.weight.dtype))
+        v = self.value(mix(v_in, shifted, self.mix_v).to(self.key.weight.dtype))
+        r = self.receptance(mix(x, shifted, self.mix_r).to(self.key.weight.dtype))
+        return k.to(dtype), v.to(dtype), r.to(dtype)
+
+    def _decay_bonus(self, dtype):
+        return -torch.exp(self.decay.to(dtype)), self.bonus.to(dtype)
+
+    def forward(self, x, state=None, *, value_input=None):
+        if state is None:
+            state = self.init_state(x.shape[0], x.device)
+        k, v, r = self._kvr(x, token_shift(x, state.shift), value_input)
+        w, u = self._decay_bonus(k.dtype)
+        carried = tuple(s.to(k.dtype) for s in state[1:])
+        if wkv_kernel_applies(w, u, k, v, *carried):  # no gradient wanted, float32 on the CPU: one compiled pass
+            wkv, num, den, m = wkv_forward(w, u, k, v, *carried)
+        elif self.config.form == "chunkwise":
+            wkv, num, den, m = wkv_chunkwise(w, u, k, v, *carried, chunk=self.config.chunk_size)
+        else:
+            wkv, num, den, m = wkv_recurrent(w, u, k, v, *carried)
+        y = self.output((torch.sigmoid(r) * wkv).to(self.output.weight.dtype))
+        return y.to(x.dtype), RWKVState(x[:, -1].to(k.dtype), num, den, m)
+
+    def step(self, x_t, state, *, value_input=None):
+        k, v, r = self._kvr(x_t, state.shift, value_input)
+        w, u = self._decay_bonus(k.dtype)
+        wkv, num, den, m = wkv_step(w, u, k, v, *(s.to(k.dtype) for s in state[1:]))
+        y = self.output((torch.sigmoid(r) * wkv).to(self.output.weight.dtype))
+        return y.to(x_t.dtype), RWKVState(x_t.to(k.dtype), num, den, m)
+
+
+class RWKVChannelMixConfig(ZooConfig):
+    type: Literal["rwkv_channel_mix"] = "rwkv_channel_mix"
+    hidden_dim: int | None = Field(None, ge=1, description="width of the squared-ReLU layer (null: 4 * dim)")
+
+
+@component("cell", "rwkv_channel_mix", config=RWKVChannelMixConfig, description="RWKV-4 channel mixing: token shift, squared-ReLU MLP, receptance gate")
+class RWKVChannelMix(Cell):
+    init_roles = {"value.weight": "out_proj"}
+
+    def __init__(self, config: RWKVChannelMixConfig, ctx: BuildContext):
+        super().__init__(ctx.dim, ctx.dim)
+        self.config = config
+        D, hidden = ctx.dim, config.hidden_dim or 4 * ctx.dim
+        depth = ctx.block_index / max(ctx.num_blocks - 1, 1)
+        ramp = torch.arange(D) / D
+        self.mix_k = nn.Parameter(ramp ** (1 - depth))
+        self.mix_r = nn.Parameter(ramp ** (1 - depth))
+        self.key, self.receptance, self.value = linear(D, hidden), linear(D, D), linear(hidden, D)
+
+    def init_state(self, batch: int, device=None) -> ShiftState:
+        return ShiftState(torch.zeros(batch, self.in_dim, device=device or self._device()))
+
+    def _mix(self, x, shifted, value_input):
+        dtype = _compute_dtype(x)
+        x, shifted = x.to(dtype), shifted.to(dtype)
+        k_in = x if value_input is None else value_input.to(dtype)
+        wdt = self.key.weight.dtype
+        k = torch.square(F.relu(self.key(mix(k_in, shifted, self.mix_k).to(wdt))))
+        r = torch.sigmoid(self.receptance(mix(x, shifted, self.mix_r).to(wdt)))
+        return (r * self.value(k)).to(dtype)  # states and the output keep the compute dtype
+
+    def forward(self, x, state=None, *, value_input=None):
+        if state is None:
+            state = self.init_state(x.shape[0], x.device)
+        y = self._mix(x, token_shift(x, state.shift), value_input)  # in the compute dtype
+        return y.to(x.dtype), ShiftState(x[:, -1].to(y.dtype))
+
+    def step(self, x_t, state, *, value_input=None):
+        y = self._mix(x_t, state.shift, value_input)
+        return y.to(x_t.dtype), ShiftState(x_t.to(y.dtype))
