@@ -39,7 +39,10 @@ def main() -> int:
         mirror(REPO, Path(tmp))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tmp, os.environ.get("PYTHONPATH")]))}
         lint = Path(sys.executable).with_name("lint-imports")
-        command = [str(lint)] if lint.exists() else [sys.executable, "-m", "importlinter.cli"]
+        # Without the console script (a venv that sees import-linter system-wide): its click command
+        # directly (``python -m importlinter.cli`` runs nothing and exits 0).
+        command = [str(lint)] if lint.exists() else \
+            [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"]
         return subprocess.run([*command, "--config", str(REPO / "pyproject.toml"), "--no-cache"], env=env,
                               cwd=tmp).returncode
 
