@@ -7,7 +7,9 @@ nothing of the registry or of plugins. For each call the dispatcher takes the hi
 backend that is available and says it supports the op on that device, dtype and options (see
 :mod:`xlstm_zoo.backends.kernel` for the declarations behind that answer).
 ``XLSTM_ZOO_BACKEND=name`` or a per-call ``backend="name"`` forces one; forcing one that cannot
-serve the call is an error, never a silent fallback.
+serve a recurrent op's call is an error, never a silent fallback. The other ops (a step's linear maps,
+the layers' norms, gates, conv and the 7B block step) run on the forced backend where it declares
+them, else on the reference.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from xlstm_zoo.backends.kernel import Backend
+from xlstm_zoo.backends.kernel import STRICT_FORCE_OPS, Backend
 from xlstm_zoo.errors import BackendError
 
 __all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "select"]
@@ -79,6 +81,8 @@ def _select(op, device, dtype, force, options) -> Backend:
                 f"registered backends: {', '.join(sorted(backends))}"
             )
         chosen = backends[force]
+        if op not in chosen.ops and op not in STRICT_FORCE_OPS and "reference" in backends:
+            chosen = backends["reference"]  # the forced backend has no kernel of this op at all
         reason = chosen.unavailable_reason()
         if reason:
             raise BackendError(f"backend {force!r} was forced but is unavailable: {reason}")

@@ -11,10 +11,13 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from xlstm_zoo.backends.cpp.build import library, pointer, unavailable_reason
+from xlstm_zoo.backends.cpp.build import c_entry, library, pointer, unavailable_reason
 from xlstm_zoo.backends.kernel import Kernel, Limit
 
 __all__ = ["KERNEL", "LINEAR_STEP_MAX_ROWS", "ROUTE_STEPS", "compiled_linear_step", "cpu_vendor", "linear_step"]
+
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("linear_step_f32", "ptr*4 i64*4")
 
 # Up to this many rows (a step's batch size) the loop beats torch's GEMM on an AMD EPYC (docs/performance.md).
 LINEAR_STEP_MAX_ROWS = 16

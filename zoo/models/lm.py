@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.backends.cpp.soft_cap import soft_cap
+from xlstm_zoo import backends as ops
 from xlstm_zoo.compiling import compile_or_eager
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
@@ -88,7 +88,7 @@ class CausalLM(nn.Module):
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         logits, cap = self.head(h), self.config.logit_softcap
-        return logits if cap is None else soft_cap(logits, cap)
+        return logits if cap is None else ops.soft_cap(logits, cap)
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
