@@ -105,6 +105,8 @@ def linear_step(x, weight, bias=None, *, backend: str | None = None) -> torch.Te
 
 
 # -- layer ops: the passes around the cells ------------------------------------------------------------------
+# Each is called many times per step (a generation step pays for every microsecond): checks format their
+# message only when they fail.
 
 def _layer(op: str, x: torch.Tensor, *others: torch.Tensor | None, **options):
     """The function that runs layer op ``op`` on ``x`` (and ``others``): the dispatcher's choice, told whether a
@@ -112,11 +114,13 @@ def _layer(op: str, x: torch.Tensor, *others: torch.Tensor | None, **options):
     export or jit traces, the reference form: the dispatcher is not traced, and fake tensors have no memory."""
     if tracing():
         return REFERENCE_KERNELS[op]
-    return select(op, x.device, x.dtype, readable=readable(x, *others), **options).ops[op]
+    return select(op, x.device, x.dtype, readable=readable(x, *others, tracing_checked=True), **options).ops[op]
 
 
-def _check(op: str, ok: bool, got: str, expected: str) -> None:
+def _require(op: str, ok: bool, describe) -> None:
+    """A one-line ValueError naming what was wrong and what is allowed: ``describe() -> (got, expected)``."""
     if not ok:
+        got, expected = describe()
         raise ValueError(f"{op}: {got}; expected {expected}")
 
 
@@ -124,43 +128,47 @@ def _shape(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else tuple(t.shape)
 
 
-def _check_affine(op: str, width: int, weight: torch.Tensor, bias: torch.Tensor | None, what: str) -> None:
-    _check(op, tuple(weight.shape) == (width,) and (bias is None or tuple(bias.shape) == (width,)),
-           f"weight {_shape(weight)}, bias {_shape(bias)} for {width} features", f"weight and bias [{what}]")
+def _affine_fits(width: int, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return weight.shape == (width,) and (bias is None or bias.shape == (width,))
+
+
+def _affine(weight, bias, width: int, what: str):
+    return lambda: (f"weight {_shape(weight)}, bias {_shape(bias)} for {width} features", f"weight and bias [{what}]")
 
 
 def rms_norm(x, weight, bias=None, eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last axis: ``x * rsqrt(mean(x^2) + eps) * weight (+ bias)``; ``x [..., D]``."""
-    _check("rms_norm", x.dim() >= 1, f"x {_shape(x)}", "x [..., D]")
-    _check_affine("rms_norm", x.shape[-1], weight, bias, "D")
+    _require("rms_norm", x.dim() >= 1, lambda: (f"x {_shape(x)}", "x [..., D]"))
+    _require("rms_norm", _affine_fits(x.shape[-1], weight, bias), _affine(weight, bias, x.shape[-1], "D"))
     return _layer("rms_norm", x, weight, bias)(x, weight, bias, eps)
 
 
 def head_norm(x, heads: int, weight, bias=None, eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm of each of ``heads`` equal slices of ``x [..., H*D]``, then ``* weight (+ bias)`` over all."""
-    _check("head_norm", x.dim() >= 1 and heads >= 1 and x.shape[-1] % heads == 0,
-           f"x {_shape(x)} with heads={heads}", "x [..., H*D] split into heads >= 1 equal slices")
-    _check_affine("head_norm", x.shape[-1], weight, bias, "H*D")
+    _require("head_norm", x.dim() >= 1 and heads >= 1 and x.shape[-1] % heads == 0,
+             lambda: (f"x {_shape(x)} with heads={heads}", "x [..., H*D] split into heads >= 1 equal slices"))
+    _require("head_norm", _affine_fits(x.shape[-1], weight, bias), _affine(weight, bias, x.shape[-1], "H*D"))
     return _layer("head_norm", x, weight, bias, heads=heads)(x, heads, weight, bias, eps)
 
 
 def head_norm_gate(h, o, weight, bias=None, eps: float = 1e-6) -> torch.Tensor:
     """The 7B mLSTM cell's output: ``head_norm`` of ``h [B, H, T, D]`` (head-major, as the mLSTM leaves it) times
     ``sigmoid(o)``, ``o [B, T, H*D]`` -> ``[B, T, H*D]``."""
-    _check("head_norm_gate", h.dim() == 4 and o.dim() == 3 and tuple(o.shape) == (h.shape[0], h.shape[2], h.shape[1] * h.shape[3]),
-           f"h {_shape(h)}, o {_shape(o)}", "h [B, H, T, D] and o [B, T, H*D]")
-    _check_affine("head_norm_gate", o.shape[-1], weight, bias, "H*D")
+    _require("head_norm_gate", h.dim() == 4 and o.shape == (h.shape[0], h.shape[2], h.shape[1] * h.shape[3]),
+             lambda: (f"h {_shape(h)}, o {_shape(o)}", "h [B, H, T, D] and o [B, T, H*D]"))
+    _require("head_norm_gate", _affine_fits(o.shape[-1], weight, bias), _affine(weight, bias, o.shape[-1], "H*D"))
     return _layer("head_norm_gate", h, o, weight, bias)(h, o, weight, bias, eps)
 
 
 def soft_cap(x, cap: float) -> torch.Tensor:
     """``cap * tanh(x / cap)``: ``x`` squashed smoothly into ``(-cap, cap)``."""
-    _check("soft_cap", cap > 0, f"cap={cap}", "a positive cap")
+    _require("soft_cap", cap > 0, lambda: (f"cap={cap}", "a positive cap"))
     return _layer("soft_cap", x)(x, cap)
 
 
 def _gated(op: str, u) -> torch.Tensor:
-    _check(op, u.dim() >= 1 and u.shape[-1] % 2 == 0, f"u {_shape(u)}", "u [..., 2F] holding [gate, up] (an even last axis)")
+    _require(op, u.dim() >= 1 and u.shape[-1] % 2 == 0,
+             lambda: (f"u {_shape(u)}", "u [..., 2F] holding [gate, up] (an even last axis)"))
     return _layer(op, u)(u)
 
 
@@ -177,18 +185,20 @@ def gelu_gate(u) -> torch.Tensor:
 def causal_conv_silu(x, state, weight, bias) -> torch.Tensor:
     """``silu(bias + sum_k weight[:, k] * [state, x][:, t + k])``: a causal depthwise conv over time, then SiLU;
     ``x [B, T, C]``, ``state [B, K-1, C]`` (the inputs before x), ``weight [C, K]``, ``bias [C]``."""
-    ok = x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2] and tuple(bias.shape) == (x.shape[2],)
-    _check("causal_conv_silu", ok and tuple(state.shape) == (x.shape[0], weight.shape[1] - 1, x.shape[2]),
-           f"x {_shape(x)}, state {_shape(state)}, weight {_shape(weight)}, bias {_shape(bias)}",
-           "x [B, T, C], state [B, K-1, C], weight [C, K], bias [C]")
+    ok = (x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2] and bias.shape == (x.shape[2],)
+          and state.shape == (x.shape[0], weight.shape[1] - 1, x.shape[2]))
+    _require("causal_conv_silu", ok, lambda: (
+        f"x {_shape(x)}, state {_shape(state)}, weight {_shape(weight)}, bias {_shape(bias)}",
+        "x [B, T, C], state [B, K-1, C], weight [C, K], bias [C]"))
     return _layer("causal_conv_silu", x, state, weight, bias)(x, state, weight, bias)
 
 
 def block_diagonal(x, weight, bias=None) -> torch.Tensor:
     """A block-diagonal linear map: ``y[..., b*O + o] = sum_i x[..., b*I + i] weight[b, i, o] (+ bias)`` for
     ``weight [N, I, O]``, ``x [..., N*I]``, ``bias [N*O]``."""
-    ok = weight.dim() == 3 and x.dim() >= 1 and x.shape[-1] == weight.shape[0] * weight.shape[1]
-    _check("block_diagonal", ok and (bias is None or tuple(bias.shape) == (weight.shape[0] * weight.shape[2],)),
-           f"x {_shape(x)}, weight {_shape(weight)}, bias {_shape(bias)}", "x [..., N*I], weight [N, I, O], bias [N*O]")
+    ok = (weight.dim() == 3 and x.dim() >= 1 and x.shape[-1] == weight.shape[0] * weight.shape[1]
+          and (bias is None or bias.shape == (weight.shape[0] * weight.shape[2],)))
+    _require("block_diagonal", ok, lambda: (f"x {_shape(x)}, weight {_shape(weight)}, bias {_shape(bias)}",
+                                            "x [..., N*I], weight [N, I, O], bias [N*O]"))
     block = weight.shape[1] if weight.shape[1] == weight.shape[2] else 0  # 0: not square
     return _layer("block_diagonal", x, weight, bias, block=block, width=x.shape[-1])(x, weight, bias)

@@ -64,12 +64,18 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
 
 
-def readable(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
+def readable(x: torch.Tensor, *others: torch.Tensor | None, tracing_checked: bool = False) -> bool:
     """Whether a compiled kernel can read these tensors' memory as ``x``'s dtype on ``x``'s device (None entries
     skipped): plain tensors or parameters (not another subclass or a fake), none empty, all of ``x``'s dtype and
-    device, nothing tracing. With the declared devices, dtypes and limits, the one rule for an ``opaque`` kernel."""
-    return (all(t is None or (type(t) in _PLAIN and t.numel() > 0 and t.dtype == x.dtype and t.device == x.device)
-                for t in (x, *others)) and not tracing())
+    device, nothing tracing (``tracing_checked``: the caller has just checked that). With the declared devices,
+    dtypes and limits, the one rule for an ``opaque`` kernel."""
+    if type(x) not in _PLAIN or not x.numel() or (not tracing_checked and tracing()):
+        return False
+    dtype, device = x.dtype, x.device
+    for t in others:  # a loop, not all(...): a step calls this for every layer op
+        if t is not None and (type(t) not in _PLAIN or not t.numel() or t.dtype != dtype or t.device != device):
+            return False
+    return True
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
