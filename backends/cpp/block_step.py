@@ -84,8 +84,7 @@ class PreparedRun:
     the outputs and calls the kernel. Its result is the same as :func:`blocks_step`'s, bit for bit.
 
     Why: between generation steps the weights stream through the caches and push Python's objects out, so
-    each call a step makes costs tens of microseconds. At d=1024 B=1, gathering the four blocks' weights
-    from their modules alone took 0.18 ms of a ~9 ms step.
+    each call a step makes costs tens of microseconds (docs/performance.md).
 
     It stays valid while no module anywhere has had a parameter, buffer or submodule registered or
     replaced since (a counter that torch's global registration hooks advance), and while every weight

@@ -62,8 +62,7 @@ def c_entry(name: str, arguments: str) -> str:
     return full
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
 # process's OpenMP runtime, torch's (see parallel_rows in loops.h). Vector maths: the gate maths uses
-# glibc's SIMD functions (libmvec; see slstm_loop.cpp): 4x faster forward, 2.8x backward at the quick
-# grids' sizes. `-z defs` makes a missing library a link error here rather than a load error later. Not
+# glibc's SIMD functions (libmvec; see slstm_loop.cpp). `-z defs` makes a missing library a link error here rather than a load error later. Not
 # every compiler knows -march=native.
 OPENMP = "-fopenmp"
 VECTOR_MATH = ["-DXLSTM_ZOO_VECTOR_MATH", "-fopenmp-simd", "-fno-math-errno"]

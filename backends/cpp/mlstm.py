@@ -224,9 +224,7 @@ def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: f
 
 
 # Per-row state sizes (Dk * Dv) up to which one thread per row beats the per-chunk kernels on every thread
-# when at least half the threads get a row (measured with one row on 2 threads, T = 16-16384: one-call 1.3-5.6x
-# faster forward and 1.0-4.2x forward+backward at Dk = Dv = 16-128; at 256 the per-chunk kernels won
-# some cases by up to 1.2x).
+# when at least half the threads get a row (above it the per-chunk kernels won some cases; docs/performance.md).
 ONE_CALL_MAX_STATE = 128 * 128
 
 

@@ -100,8 +100,8 @@ class MLSTM7BBlock(Block):
             qk_scale=cell.qk_head_dim ** -0.5, cell_eps=cell.config.eps)
 
     def step_weights(self) -> ops.BlockStepWeights:
-        # Through the modules' own dicts: nn.Module's attribute lookup costs ~1 us a name, and a step
-        # reads 24 tensors per block.
+        # Through the modules' own dicts: nn.Module's attribute lookup is slow, and a step reads 24 tensors
+        # per block.
         parts, cell_parts = self._modules, self._modules["cell"]._modules
         norm, mlp_norm, out_proj = (parts[name] for name in ("norm", "mlp_norm", "out_proj"))
         up, down = (parts["mlp"]._modules[name] for name in ("up", "down"))

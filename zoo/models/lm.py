@@ -80,8 +80,8 @@ class CausalLM(nn.Module):
         if compiling fails. A step issues a few hundred small ops; fused, they cost less than their
         dispatch (see docs/performance.md for what it buys per size)."""
         if self._compiled_step is None:
-            # cpp_wrapper: the compiled graph is launched from C++, not Python; 1.1-1.5x faster per
-            # step than inductor's Python wrapper in the 7B-layout bench cases (d=256-1024, B=1/16).
+            # cpp_wrapper: the compiled graph is launched from C++, not Python: faster per step than
+            # inductor's Python wrapper (docs/performance.md).
             self._compiled_step = compile_or_eager(self.step, what="the generation step (causal_lm.step)",
                                                    options={"cpp_wrapper": True})
         return self._compiled_step
