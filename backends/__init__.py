@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import torch
 
+from xlstm_zoo.backends.block_step import BlockStepSizes, BlockStepWeights, mlstm7b_block_step
 from xlstm_zoo.backends.cpp.linear import compiled_linear_step
 from xlstm_zoo.backends.dispatch import Backend, explain, select
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
+from xlstm_zoo.backends.kernel import readable, tracing
+from xlstm_zoo.backends.reference import KERNELS as _REFERENCE
 from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState
 
 MLSTM_FORMS = ("recurrent", "parallel", "chunkwise")
+REFERENCE_KERNELS = {kernel.dispatch_op: kernel.run for kernel in _REFERENCE}  # what runs while tracing
 
 __all__ = [
     "Backend", "GateSchemes", "GATE_SCHEMES", "LSTMState", "MLSTMState", "MLSTM_FORMS", "SLSTMState",
     "explain", "log_gate", "select",
     "linear_step", "lstm_sequence", "lstm_step", "mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step",
+    "BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step",
+    "accelerated", "block_diagonal", "causal_conv_silu", "lstm_time_major", "gelu_gate", "head_norm", "head_norm_gate", "rms_norm", "silu_gate", "soft_cap",
 ]
 
 
@@ -77,6 +83,18 @@ def lstm_step(wx_t, R, state: LSTMState | None, *, backend: str | None = None) -
     return impl.ops["lstm_step"](wx_t, R, state)
 
 
+def lstm_time_major(W, R, c0, h0, *, rows: int | None = None):
+    """:func:`lstm_sequence` on time-major tensors as they are: ``W [T,H,B,4Dh]``, ``R [H,Dh,4Dh]``,
+    ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``, ``c_T, h_T [H,B,Dh]``. ``rows``: see :func:`accelerated`."""
+    return _layer("lstm_time_major", W, R, c0, h0, width=W.shape[1] * W.shape[3] // 4, rows=rows)(W, R, c0, h0)
+
+
+def accelerated(op: str, x: torch.Tensor, *others: torch.Tensor | None, **options) -> bool:
+    """Whether a kernel other than the reference would run ``op`` on these tensors with these options: a caller
+    with a fast path of its own (an LSTM cell's torch.lstm) takes it where none would."""
+    return not tracing() and select(op, x.device, x.dtype, readable=readable(x, *others), **options).name != "reference"
+
+
 def linear_step(x, weight, bias=None, *, backend: str | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a generation step's few rows, without autograd: ``x [..., K]``,
     ``weight [N, K]``, ``bias [N]`` -> ``[..., N]``. Layers call it only when no gradient is wanted."""
@@ -84,3 +102,103 @@ def linear_step(x, weight, bias=None, *, backend: str | None = None) -> torch.Te
         return compiled_linear_step(x, weight, bias)
     impl = select("linear_step", x.device, x.dtype, force=backend, rows=x.numel() // max(x.shape[-1], 1))
     return impl.ops["linear_step"](x, weight, bias)
+
+
+# -- layer ops: the passes around the cells ------------------------------------------------------------------
+# Each is called many times per step (a generation step pays for every microsecond): checks format their
+# message only when they fail.
+
+def _layer(op: str, x: torch.Tensor, *others: torch.Tensor | None, **options):
+    """The function that runs layer op ``op`` on ``x`` (and ``others``): the dispatcher's choice, told whether a
+    compiled kernel could read the tensors (:func:`~xlstm_zoo.backends.kernel.readable`). While torch.compile,
+    export or jit traces, the reference form: the dispatcher is not traced, and fake tensors have no memory."""
+    if tracing():
+        return REFERENCE_KERNELS[op]
+    return select(op, x.device, x.dtype, readable=readable(x, *others, tracing_checked=True), **options).ops[op]
+
+
+def _require(op: str, ok: bool, describe) -> None:
+    """A one-line ValueError naming what was wrong and what is allowed: ``describe() -> (got, expected)``."""
+    if not ok:
+        got, expected = describe()
+        raise ValueError(f"{op}: {got}; expected {expected}")
+
+
+def _shape(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else tuple(t.shape)
+
+
+def _affine_fits(width: int, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return weight.shape == (width,) and (bias is None or bias.shape == (width,))
+
+
+def _affine(weight, bias, width: int, what: str):
+    return lambda: (f"weight {_shape(weight)}, bias {_shape(bias)} for {width} features", f"weight and bias [{what}]")
+
+
+def rms_norm(x, weight, bias=None, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last axis: ``x * rsqrt(mean(x^2) + eps) * weight (+ bias)``; ``x [..., D]``."""
+    _require("rms_norm", x.dim() >= 1, lambda: (f"x {_shape(x)}", "x [..., D]"))
+    _require("rms_norm", _affine_fits(x.shape[-1], weight, bias), _affine(weight, bias, x.shape[-1], "D"))
+    return _layer("rms_norm", x, weight, bias)(x, weight, bias, eps)
+
+
+def head_norm(x, heads: int, weight, bias=None, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm of each of ``heads`` equal slices of ``x [..., H*D]``, then ``* weight (+ bias)`` over all."""
+    _require("head_norm", x.dim() >= 1 and heads >= 1 and x.shape[-1] % heads == 0,
+             lambda: (f"x {_shape(x)} with heads={heads}", "x [..., H*D] split into heads >= 1 equal slices"))
+    _require("head_norm", _affine_fits(x.shape[-1], weight, bias), _affine(weight, bias, x.shape[-1], "H*D"))
+    return _layer("head_norm", x, weight, bias, heads=heads)(x, heads, weight, bias, eps)
+
+
+def head_norm_gate(h, o, weight, bias=None, eps: float = 1e-6) -> torch.Tensor:
+    """The 7B mLSTM cell's output: ``head_norm`` of ``h [B, H, T, D]`` (head-major, as the mLSTM leaves it) times
+    ``sigmoid(o)``, ``o [B, T, H*D]`` -> ``[B, T, H*D]``."""
+    _require("head_norm_gate", h.dim() == 4 and o.shape == (h.shape[0], h.shape[2], h.shape[1] * h.shape[3]),
+             lambda: (f"h {_shape(h)}, o {_shape(o)}", "h [B, H, T, D] and o [B, T, H*D]"))
+    _require("head_norm_gate", _affine_fits(o.shape[-1], weight, bias), _affine(weight, bias, o.shape[-1], "H*D"))
+    return _layer("head_norm_gate", h, o, weight, bias)(h, o, weight, bias, eps)
+
+
+def soft_cap(x, cap: float) -> torch.Tensor:
+    """``cap * tanh(x / cap)``: ``x`` squashed smoothly into ``(-cap, cap)``."""
+    _require("soft_cap", cap > 0, lambda: (f"cap={cap}", "a positive cap"))
+    return _layer("soft_cap", x)(x, cap)
+
+
+def _gated(op: str, u) -> torch.Tensor:
+    _require(op, u.dim() >= 1 and u.shape[-1] % 2 == 0,
+             lambda: (f"u {_shape(u)}", "u [..., 2F] holding [gate, up] (an even last axis)"))
+    return _layer(op, u)(u)
+
+
+def silu_gate(u) -> torch.Tensor:
+    """``silu(gate) * up`` for ``u = [gate, up]`` along the last axis: ``[..., 2F] -> [..., F]``."""
+    return _gated("silu_gate", u)
+
+
+def gelu_gate(u) -> torch.Tensor:
+    """``gelu(gate) * up`` (exact GELU, the erf form) for ``u = [gate, up]``: ``[..., 2F] -> [..., F]``."""
+    return _gated("gelu_gate", u)
+
+
+def causal_conv_silu(x, state, weight, bias) -> torch.Tensor:
+    """``silu(bias + sum_k weight[:, k] * [state, x][:, t + k])``: a causal depthwise conv over time, then SiLU;
+    ``x [B, T, C]``, ``state [B, K-1, C]`` (the inputs before x), ``weight [C, K]``, ``bias [C]``."""
+    ok = (x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2] and bias.shape == (x.shape[2],)
+          and state.shape == (x.shape[0], weight.shape[1] - 1, x.shape[2]))
+    _require("causal_conv_silu", ok, lambda: (
+        f"x {_shape(x)}, state {_shape(state)}, weight {_shape(weight)}, bias {_shape(bias)}",
+        "x [B, T, C], state [B, K-1, C], weight [C, K], bias [C]"))
+    return _layer("causal_conv_silu", x, state, weight, bias)(x, state, weight, bias)
+
+
+def block_diagonal(x, weight, bias=None) -> torch.Tensor:
+    """A block-diagonal linear map: ``y[..., b*O + o] = sum_i x[..., b*I + i] weight[b, i, o] (+ bias)`` for
+    ``weight [N, I, O]``, ``x [..., N*I]``, ``bias [N*O]``."""
+    ok = (weight.dim() == 3 and x.dim() >= 1 and x.shape[-1] == weight.shape[0] * weight.shape[1]
+          and (bias is None or bias.shape == (weight.shape[0] * weight.shape[2],)))
+    _require("block_diagonal", ok, lambda: (f"x {_shape(x)}, weight {_shape(weight)}, bias {_shape(bias)}",
+                                            "x [..., N*I], weight [N, I, O], bias [N*O]"))
+    block = weight.shape[1] if weight.shape[1] == weight.shape[2] else 0  # 0: not square
+    return _layer("block_diagonal", x, weight, bias, block=block, width=x.shape[-1])(x, weight, bias)

@@ -7,7 +7,9 @@ nothing of the registry or of plugins. For each call the dispatcher takes the hi
 backend that is available and says it supports the op on that device, dtype and options (see
 :mod:`xlstm_zoo.backends.kernel` for the declarations behind that answer).
 ``XLSTM_ZOO_BACKEND=name`` or a per-call ``backend="name"`` forces one; forcing one that cannot
-serve the call is an error, never a silent fallback.
+serve a recurrent op's call is an error, never a silent fallback. The other ops (a step's linear maps,
+the layers' norms, gates, conv and the 7B block step) run on the forced backend where it declares
+them, else on the reference.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import Callable, Mapping
 
 import torch
 
-from xlstm_zoo.backends.kernel import Backend
+from xlstm_zoo.backends.kernel import STRICT_FORCE_OPS, Backend
 from xlstm_zoo.errors import BackendError
 
-__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "select"]
+__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "forced", "select"]
 
 ENV_FORCE = "XLSTM_ZOO_BACKEND"
 
@@ -48,6 +50,19 @@ class BackendTable:
 
 
 BACKENDS = BackendTable()
+
+# os.environ.get encodes the key on every call, which costs more than the rest of a choice; the mapping's own
+# dict is read directly where it has one (CPython's os.environ does), os.environ.get otherwise.
+_ENVIRON = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey(ENV_FORCE) if _ENVIRON is not None and hasattr(os.environ, "encodekey") else None
+
+
+def forced() -> str | None:
+    """The backend ``XLSTM_ZOO_BACKEND`` forces, None where it is unset or empty."""
+    if _ENV_KEY is None:
+        return os.environ.get(ENV_FORCE) or None
+    value = _ENVIRON.get(_ENV_KEY)
+    return (os.fsdecode(value) if isinstance(value, bytes) else value) or None
 _cache: dict = {}
 _cache_stamp = None
 
@@ -59,15 +74,18 @@ def _backends() -> dict[str, Backend]:
 def select(op: str, device: torch.device, dtype: torch.dtype, *, force: str | None = None, **options) -> Backend:
     """The backend that will run ``op`` for tensors on ``device`` with ``dtype``."""
     global _cache_stamp
-    force = force or os.environ.get(ENV_FORCE) or None
+    force = force or forced()
     stamp = BACKENDS.stamp()
     if stamp != _cache_stamp:
         _cache.clear()
         _cache_stamp = stamp
-    key = (op, device.type, dtype, force, tuple(sorted(options.items())))
-    if key not in _cache:
-        _cache[key] = _select(op, device, dtype, force, options)
-    return _cache[key]
+    # A step asks this for every op it runs, so the key is cheap: the device itself (its .type costs more than
+    # the rest of the key), the options as given (a call site gives them in one order).
+    key = (op, device, dtype, force, *options.items())
+    found = _cache.get(key)
+    if found is None:
+        found = _cache[key] = _select(op, device, dtype, force, options)
+    return found
 
 
 def _select(op, device, dtype, force, options) -> Backend:
@@ -79,6 +97,8 @@ def _select(op, device, dtype, force, options) -> Backend:
                 f"registered backends: {', '.join(sorted(backends))}"
             )
         chosen = backends[force]
+        if op not in chosen.ops and op not in STRICT_FORCE_OPS and "reference" in backends:
+            chosen = backends["reference"]  # the forced backend has no kernel of this op at all
         reason = chosen.unavailable_reason()
         if reason:
             raise BackendError(f"backend {force!r} was forced but is unavailable: {reason}")

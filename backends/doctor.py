@@ -13,13 +13,16 @@ import torch
 
 from xlstm_zoo.backends.cpp.build import built_with, compiler
 from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, select
-from xlstm_zoo.backends.kernel import SHAPES
+from xlstm_zoo.backends.kernel import SHAPES, op_function
 from xlstm_zoo.backends.triton import triton_missing_reason
 from xlstm_zoo.errors import BackendError
 
 # Every op function a kernel can serve, in the declarations' order.
-OPS = tuple(dict.fromkeys(f"{op}_step" if form == "step" else f"{op}_sequence" for op, form in SHAPES))
-OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}}  # the cells' defaults
+OPS = tuple(dict.fromkeys(op_function(op, form) for op, form in SHAPES))
+OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}, "head_norm": {"heads": 4},
+              "block_diagonal": {"block": 4, "width": 128}}  # the cells' defaults
+# The choice for tensors a compiled kernel can read (plain, not empty, one dtype and device, nothing tracing).
+READABLE = {"readable": True}
 
 
 def machine_facts() -> list[tuple[str, str]]:
@@ -69,7 +72,7 @@ def _cxx() -> str:
     if not found:
         return "not found (install g++ or set CXX for the cpp backend)"
     how = built_with()
-    return f"{found} (builds the cpp backend's sLSTM/LSTM loops, mLSTM chunk steps and generation steps; " + \
+    return f"{found} (builds the cpp backend's kernels; " + \
         (f"built: {how})" if how else "not built yet)")
 
 
@@ -85,7 +88,7 @@ class OpChoice:
 def op_choices(device: torch.device, dtype: torch.dtype) -> list[OpChoice]:
     rows = []
     for op in OPS:
-        options = OP_OPTIONS.get(op, {})
+        options = {**OP_OPTIONS.get(op, {}), **READABLE}
         statuses = {name: status for name, _, status in explain(op, device, dtype, **options)}
         try:
             uses = select(op, device, dtype, **options).name

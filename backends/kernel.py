@@ -31,9 +31,54 @@ SHAPES = {
     ("slstm", "step"): "wx [B,H,4Dh]; R [H,Dh,4Dh] -> h [B,H,Dh]; state (c, n, m, h)",
     ("lstm", "sequence"): "wx [B,H,T,4Dh]; R [H,Dh,4Dh] -> h [B,H,T,Dh]; state (c, h)",
     ("lstm", "step"): "wx [B,H,4Dh]; R [H,Dh,4Dh] -> h [B,H,Dh]; state (c, h)",
+    ("lstm", "time_major"): "W [T,H,B,4Dh]; R [H,Dh,4Dh]; c0, h0 [H,B,Dh] -> h [T,H,B,Dh]; c_T, h_T [H,B,Dh]",
     ("linear", "step"): "x [..., K]; W [N, K]; b [N] -> y [..., N] (a step's projections, no autograd)",
+    ("mlstm7b_block", "step"): "x [B, d]; the block's weights and sizes; state (C, n, m) -> y [B, d]; state (no autograd)",
+    # Passes of the layers around the cells, one op each (form "layer": the op function has the op's name).
+    ("rms_norm", "layer"): "x [..., D]; weight [D]; bias [D] or None -> y [..., D]",
+    ("head_norm", "layer"): "x [..., H*D]; weight, bias [H*D] -> LayerNorm per head, y [..., H*D]",
+    ("head_norm_gate", "layer"): "h [B,H,T,D]; o [B,T,H*D]; weight, bias [H*D] -> head_norm(h) * sigmoid(o) [B,T,H*D]",
+    ("soft_cap", "layer"): "x [...]; cap -> cap * tanh(x / cap)",
+    ("silu_gate", "layer"): "u [..., 2F] -> silu(u[..., :F]) * u[..., F:]",
+    ("gelu_gate", "layer"): "u [..., 2F] -> gelu(u[..., :F]) * u[..., F:] (exact GELU)",
+    ("causal_conv_silu", "layer"): "x [B,T,C]; state [B,K-1,C]; weight [C,K]; bias [C] -> silu(causal conv) [B,T,C]",
+    ("block_diagonal", "layer"): "x [..., N*S]; weight [N,S,S]; bias [N*S] or None -> y [..., N*S]",
 }
 SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise")}  # ops whose sequence form is chosen per call
+# A forced backend (XLSTM_ZOO_BACKEND, a cell's backend field) must serve these op functions or the call is an
+# error. Every other op runs on the forced backend where it declares a kernel of that op, else on the reference.
+STRICT_FORCE_OPS = ("mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step", "lstm_sequence", "lstm_step")
+
+
+def op_function(op: str, form: str) -> str:
+    """The op function (``xlstm_zoo.backends.<name>``) that reaches the kernels of ``op.form``."""
+    if form == "layer":
+        return op
+    if form in ("step", "time_major"):
+        return f"{op}_{form}"
+    return f"{op}_sequence"
+
+
+def tracing() -> bool:
+    """torch.compile, torch.export or torch.jit is tracing: the tensors have no data."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
+def readable(x: torch.Tensor, *others: torch.Tensor | None, tracing_checked: bool = False) -> bool:
+    """Whether a compiled kernel can read these tensors' memory as ``x``'s dtype on ``x``'s device (None entries
+    skipped): plain tensors or parameters (not another subclass or a fake), none empty, all of ``x``'s dtype and
+    device, nothing tracing (``tracing_checked``: the caller has just checked that). With the declared devices,
+    dtypes and limits, the one rule for an ``opaque`` kernel."""
+    if type(x) not in _PLAIN or not x.numel() or (not tracing_checked and tracing()):
+        return False
+    dtype, device = x.dtype, x.device
+    for t in others:  # a loop, not all(...): a step calls this for every layer op
+        if t is not None and (type(t) not in _PLAIN or not t.numel() or t.dtype != dtype or t.device != device):
+            return False
+    return True
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 @dataclass(frozen=True)
@@ -44,6 +89,7 @@ class Limit:
     allowed: tuple[int, ...] | None = None
     low: int | None = None
     high: int | None = None
+    multiple_of: int | None = None
     default: int | None = None  # the value an absent option has (None: absent always passes)
 
     def accepts(self, options: dict) -> bool:
@@ -51,24 +97,28 @@ class Limit:
         if value is None:
             return True
         return ((self.allowed is None or value in self.allowed) and (self.low is None or value >= self.low)
-                and (self.high is None or value <= self.high))
+                and (self.high is None or value <= self.high)
+                and (self.multiple_of is None or value % self.multiple_of == 0))
 
     def describe(self) -> str:
         if self.allowed is not None:
             return f"{self.option} in {{{', '.join(map(str, self.allowed))}}}"
+        if self.multiple_of is not None:
+            return f"{self.option} a multiple of {self.multiple_of}"
         return f"{self.option} {self.low if self.low is not None else ''}..{self.high if self.high is not None else ''}"
 
 
 @dataclass(frozen=True)
 class Kernel:
-    op: str                                      # mlstm | slstm | lstm | linear
-    form: str                                    # chunkwise | parallel | recurrent | sequence | step
+    op: str                                      # mlstm | slstm | lstm | linear | rms_norm | ... (SHAPES)
+    form: str                                    # chunkwise | parallel | recurrent | sequence | step | layer
     impl: str                                    # the backend's name
     run: Callable                                # the function the dispatcher calls
     devices: tuple[str, ...] = ANY_DEVICE        # torch device types; empty: any
     dtypes: tuple[torch.dtype, ...] = ANY_DTYPE  # compute dtypes; empty: any (states are fp32 always)
     limits: tuple[Limit, ...] = ()
     notes: str = ""
+    opaque: bool = False                         # reads raw memory (a compiled call): only where readable=True
 
     def __post_init__(self):
         if (self.op, self.form) not in SHAPES:
@@ -81,7 +131,7 @@ class Kernel:
     @property
     def dispatch_op(self) -> str:
         """The op function that reaches it: ``mlstm_step`` for the step, else ``mlstm_sequence``."""
-        return f"{self.op}_step" if self.form == "step" else f"{self.op}_sequence"
+        return op_function(self.op, self.form)
 
     @property
     def shapes(self) -> str:
@@ -92,12 +142,13 @@ class Kernel:
         if op != self.dispatch_op:
             return False
         option, default = SEQUENCE_FORM_OPTION.get(self.op, (None, None))
-        if self.form != "step" and option is not None:
+        if self.form not in ("step", "time_major") and option is not None:
             return options.get(option, default) == self.form
         return True
 
     def supports(self, device: torch.device, dtype: torch.dtype, options: dict) -> bool:
         return ((not self.devices or device.type in self.devices) and (not self.dtypes or dtype in self.dtypes)
+                and (not self.opaque or options.get("readable", False))
                 and all(limit.accepts(options) for limit in self.limits))
 
 

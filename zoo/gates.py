@@ -19,7 +19,7 @@ import torch
 from pydantic import BeforeValidator, Field, field_validator
 from torch import nn
 
-from xlstm_zoo.backends.cpp.soft_cap import soft_cap
+from xlstm_zoo import backends as ops
 from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.layers import BlockDiagonalLinear, Linear
 from xlstm_zoo.registry import component
@@ -155,7 +155,7 @@ class Gate(nn.Module):
         if self.proj is not None:
             pre = pre + self.proj(x)
         if self.softcap is not None:
-            pre = soft_cap(pre, self.softcap)
+            pre = ops.soft_cap(pre, self.softcap)
         return pre
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import Literal
 
 import torch
@@ -13,10 +12,7 @@ from torch import nn
 
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import linear as cpp_linear
-from xlstm_zoo.backends.cpp.block_diagonal import block_diagonal_linear, fused_block_diagonal_applies
-from xlstm_zoo.backends.cpp.causal_conv import causal_conv_silu, fused_conv_silu_applies
-from xlstm_zoo.backends.cpp.gated_activation import gelu_gate, silu_gate
-from xlstm_zoo.backends.dispatch import ENV_FORCE
+from xlstm_zoo.backends.reference.layers import causal_conv
 from xlstm_zoo.config import AddedField, ZooConfig
 
 
@@ -33,22 +29,15 @@ class BlockDiagonalLinear(nn.Module):
         nn.init.normal_(self.weight, std=(in_features // blocks) ** -0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Small square blocks (the NeurIPS mLSTM's 4 x 4): one compiled pass each way on float32 CPU tensors
-        # (backends/cpp/block_diagonal.py), where the einsum is a batched matmul of tiny blocks.
-        if fused_block_diagonal_applies(x, self.weight, self.bias):
-            return block_diagonal_linear(x, self.weight, self.bias)
-        xb = x.reshape(*x.shape[:-1], self.blocks, -1)
-        y = torch.einsum("...bi,bio->...bo", xb, self.weight).flatten(-2)
-        return y + self.bias if self.bias is not None else y
+        return ops.block_diagonal(x, self.weight, self.bias)
 
 
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, initialisation and state_dict) whose generation steps go through
     the ``linear_step`` op: a step's input ``[B, K]`` with no gradient wanted, eager or under torch.compile,
     on CPUs where that pays (:data:`~xlstm_zoo.backends.cpp.linear.ROUTE_STEPS`: not on Intel, whose MKL
-    GEMM is as fast). On an AMD EPYC the op's compiled loop was 1.2-1.8x faster than torch's GEMM at a
-    step's sizes (see docs/performance.md). Everything else (sequences, training, tracing, export, a
-    forced backend) is ``F.linear``."""
+    GEMM is as fast; see docs/performance.md). Everything else (sequences, training, tracing, export) is
+    ``F.linear``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._step_op(x):
@@ -58,8 +47,7 @@ class Linear(nn.Linear):
     def _step_op(self, x) -> bool:
         return (cpp_linear.ROUTE_STEPS and type(x) is torch.Tensor and x.dim() == 2 and x.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
-                and not torch.compiler.is_exporting() and not torch.jit.is_tracing()
-                and not os.environ.get(ENV_FORCE))  # a forced backend need not have the op
+                and not torch.compiler.is_exporting() and not torch.jit.is_tracing())
 
 
 def linear(in_features: int, out_features: int, bias: bool = False) -> nn.Linear:
@@ -98,15 +86,10 @@ class CausalConv1d(nn.Module):
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None,
                 silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, new_state)``; with ``silu`` y is ``silu(conv(x))``, on the CPU in one pass each way
-        (backends/cpp/causal_conv.py)."""
+        """``(y, new_state)``; with ``silu`` y is ``silu(conv(x))`` (the ``causal_conv_silu`` op)."""
         if state is None:
             state = self.init_state(x.shape[0], x.device)
-        if silu and fused_conv_silu_applies(x, state, self.weight, self.bias):
-            y = causal_conv_silu(x, state, self.weight, self.bias)
-        else:
-            y = self._conv(x, state)
-            y = F.silu(y) if silu else y
+        y = (ops.causal_conv_silu if silu else causal_conv)(x, state, self.weight, self.bias)
         return y, self._next_state(x, state)
 
     def _next_state(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -115,17 +98,6 @@ class CausalConv1d(nn.Module):
         if x.shape[1] >= keep:
             return x[:, x.shape[1] - keep:].to(torch.float32, copy=True)  # not a view that would hold x
         return torch.cat([state.to(x.dtype), x], dim=1)[:, x.shape[1]:].float()  # as the window rounds them
-
-    def _conv(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        window = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
-        # A sum of K shifted products rather than F.conv1d: oneDNN's depthwise conv (and above all its
-        # backward) costs several times more at these widths (1 thread: 0.57 -> 0.29 ms forward+backward
-        # at B=32 T=20 C=32, 7.9 -> 3.9 ms at B=4 T=1024 C=128).
-        T, weight = x.shape[1], self.weight.to(x.dtype)
-        y = torch.addcmul(self.bias.to(x.dtype), window[:, :T], weight[:, 0])
-        for k in range(1, self.kernel_size):
-            y = torch.addcmul(y, window[:, k:k + T], weight[:, k])
-        return y
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         window = torch.cat([state.to(x_t.dtype), x_t.unsqueeze(1)], dim=1)  # [B, K, C]
@@ -163,12 +135,7 @@ class GatedMLP(nn.Module):
         self.up = linear(dim, 2 * hidden, config.bias)
         self.down = linear(hidden, dim, config.bias)
         self.act = F.gelu if config.activation == "gelu" else F.silu
+        self.gate = ops.gelu_gate if config.activation == "gelu" else ops.silu_gate  # act(u[:F]) * u[F:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u = self.up(x)
-        if self.act is F.silu:  # one pass each way on the CPU (backends/cpp/gated_activation.py)
-            return self.down(silu_gate(u))
-        if self.act is F.gelu:
-            return self.down(gelu_gate(u))
-        gate, up = u.chunk(2, dim=-1)
-        return self.down(self.act(gate) * up)
+        return self.down(self.gate(self.up(x)))

@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.backends.cpp.head_norm_gate import fused_head_norm_applies, head_norm
-from xlstm_zoo.backends.cpp.rms_norm import fused_rms_norm_applies, rms_norm
+from xlstm_zoo import backends as ops
+from xlstm_zoo.backends.reference.layers import grouped_norm
 from xlstm_zoo.config import AddedField, BuildContext, ZooConfig
 from xlstm_zoo.registry import component
 
@@ -56,22 +55,7 @@ class _Norm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        g = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
-        # A generation step (a few hundred features) pays for each op in dispatch, not arithmetic: torch's
-        # fused layer_norm is one op where the formula is eight; F.rms_norm is slower on the CPU (1.2-1.7x
-        # at B=1 to B=2 x T=1024, d=256) than these four. Same maths: biased variance, eps inside the root.
-        if self.centre:
-            weight = self.weight if self.groups == 1 else None  # per-head: scaled all at once, below
-            g = F.layer_norm(g, g.shape[-1:], weight, eps=self.eps)
-        else:
-            weight, g = None, g * torch.rsqrt(g.square().mean(-1, keepdim=True).add_(self.eps))
-        # The weight inside F.layer_norm (one head) is not only shorter: its fused backward rounds the
-        # gradients differently from a separate multiply (same forward bits), and grid results follow them.
-        y = g.reshape(shape) if weight is not None else g.reshape(shape) * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return grouped_norm(x, self.groups, self.weight, self.bias, self.eps, self.centre)
 
 
 @component("norm", "layernorm", config=LayerNormConfig, description="LayerNorm over all features")
@@ -90,11 +74,7 @@ class RMSNorm(_Norm):
         super().__init__(ctx.dim, 1, config.eps, centre=False, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32 on the CPU: one compiled pass each way instead of five ops forward and about ten backward
-        # (backends/cpp/rms_norm.py); the same maths.
-        if fused_rms_norm_applies(x, self.weight, self.bias):
-            return rms_norm(x, self.weight, self.bias, self.eps)
-        return super().forward(x)
+        return ops.rms_norm(x, self.weight, self.bias, self.eps)
 
 
 @component("norm", "multihead_layernorm", config=MultiHeadLayerNormConfig,
@@ -105,12 +85,7 @@ class MultiHeadLayerNorm(_Norm):
         super().__init__(ctx.dim, ctx.heads, config.eps, centre=True, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Two or more heads: one compiled pass each way on float32 CPU tensors (backends/cpp/head_norm_gate.py),
-        # the same maths. One head stays on torch's fused layer_norm, which is faster there (2 threads,
-        # [4, 1024, 128]: fwd+bwd 0.72 vs 1.05 ms; with 4 heads the pass wins, 1.18 vs 1.81 ms).
-        if self.groups > 1 and fused_head_norm_applies(x, self.groups, self.weight, self.bias):
-            return head_norm(x, self.groups, self.weight, self.bias, self.eps)
-        return super().forward(x)
+        return ops.head_norm(x, self.groups, self.weight, self.bias, self.eps)
 
 
 @component("norm", "multihead_rmsnorm", config=MultiHeadRMSNormConfig,

@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
-from xlstm_zoo.backends.cpp import linear
-from xlstm_zoo.backends.cpp.lstm import lstm_sequence
+from xlstm_zoo.backends.cpp import (block_diagonal, block_step, causal_conv, gated_activation, head_norm_gate, linear, rms_norm,
+                                    soft_cap)
+from xlstm_zoo.backends.cpp.lstm import TIME_MAJOR_KERNEL, lstm_sequence
 from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
 from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
@@ -36,7 +37,10 @@ KERNELS = (
            notes="C++ forward and backward loops; halves compute in float32"),
     Kernel("lstm", "sequence", "cpp", lstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES,
            notes="C++ forward and backward loops; halves compute in float32"),
+    TIME_MAJOR_KERNEL,
     linear.KERNEL,
+    rms_norm.KERNEL, *head_norm_gate.KERNELS, soft_cap.KERNEL, *gated_activation.KERNELS, causal_conv.KERNEL,
+    block_diagonal.KERNEL, block_step.KERNEL,
 )
 
 
@@ -49,7 +53,8 @@ def cpp_backend() -> Backend:
     return CppBackend(
         name="cpp",
         priority=15,
-        description="sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward, and the generation step's "
-                    "mLSTM update and linear maps, compiled from C++ for the CPU (built on first use)",
+        description="sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward, the generation step's "
+                    "mLSTM update and linear maps, and the layers' passes (norms, gates, conv), compiled from C++ for "
+                    "the CPU (built on first use)",
         kernels=KERNELS,
     )

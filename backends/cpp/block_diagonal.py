@@ -1,8 +1,6 @@
-"""A block-diagonal linear map with small square blocks (2, 4, 8 or 16 features: the NeurIPS mLSTM's q/k/v
-projections have 4), forward and backward in one compiled pass each (``block_diagonal.cpp``) for float32
-CPU tensors. :class:`xlstm_zoo.layers.BlockDiagonalLinear` calls it where :func:`fused_block_diagonal_applies`;
-everywhere else (other block shapes, dtypes or devices, under torch.compile, tracing or export, a forced
-backend, no C++ kernels) it keeps its einsum.
+"""The ``block_diagonal`` op's kernel: a block-diagonal linear map with small square blocks (2, 4, 8 or 16
+features: the NeurIPS mLSTM's q/k/v projections have 4), forward and backward in one compiled pass each
+(``block_diagonal.cpp``) for float32 CPU tensors, where the einsum is a batched matmul of tiny blocks.
 """
 
 from __future__ import annotations
@@ -10,23 +8,17 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer, row_view
+from xlstm_zoo.backends.cpp.build import c_entry, library, pointer, row_view
+from xlstm_zoo.backends.kernel import Kernel, Limit
 
-__all__ = ["block_diagonal_linear", "fused_block_diagonal_applies"]
+__all__ = ["KERNEL", "block_diagonal"]
+
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("block_diagonal_forward_f32", "ptr i64 ptr*3 i64*4")
+c_entry("block_diagonal_backward_f32", "ptr i64 ptr*5 i64*4")
 
 BLOCK_SIZES = (2, 4, 8, 16)
 LANES = 16  # the kernel's vector width: a row holds whole vectors
-
-
-def fused_block_diagonal_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether :func:`block_diagonal_linear` may run: ``weight [blocks, S, S]`` with S in BLOCK_SIZES,
-    ``x [..., blocks * S]`` with that a multiple of 16."""
-    if type(x) is not torch.Tensor or weight.dim() != 3 or x.dim() < 1:
-        return False
-    blocks, s_in, s_out = weight.shape
-    width = blocks * s_in
-    return (s_in == s_out and s_in in BLOCK_SIZES and x.shape[-1] == width and width % LANES == 0
-            and (bias is None or bias.shape == (width,)) and direct_call_allowed(x, weight, bias))
 
 
 def _forward(flat, x_stride, weight, bias):
@@ -63,10 +55,14 @@ class _BlockDiagonal(torch.autograd.Function):
         return dx, dw, db
 
 
-def block_diagonal_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``y[..., b*S + o] = sum_i x[..., b*S + i] weight[b, i, o] (+ bias)``; only where
-    :func:`fused_block_diagonal_applies`."""
+def block_diagonal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``y[..., b*S + o] = sum_i x[..., b*S + i] weight[b, i, o] (+ bias)`` for square blocks ``weight [N, S, S]``."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _BlockDiagonal.apply(x, weight, bias)
     flat, x_stride = row_view(x)
     return _forward(flat, x_stride, weight.contiguous(), None if bias is None else bias.contiguous()).view(x.shape)
+
+
+KERNEL = Kernel("block_diagonal", "layer", "cpp", block_diagonal, devices=("cpu",), dtypes=(torch.float32,),
+                opaque=True, limits=(Limit("block", allowed=BLOCK_SIZES), Limit("width", multiple_of=LANES)),
+                notes="square blocks; one pass each way")

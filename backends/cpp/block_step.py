@@ -1,10 +1,9 @@
-"""The xLSTM-7B block's whole generation step as one compiled call (``block_step.cpp``), no autograd.
+"""The ``mlstm7b_block_step`` op's kernel: a run of xLSTM-7B blocks' generation steps as one compiled call
+(``block_step.cpp``), no autograd.
 
 A block step run eagerly is ~100 small PyTorch ops (norms, seven projections, gate maths, the mLSTM
 update, the per-head norm, the gated MLP); at generation sizes their dispatch costs more than their
-arithmetic. :class:`~xlstm_zoo.blocks.mlstm_7b.MLSTM7BBlock` calls its :class:`BlockStepKernel` when its
-parts are the ones this kernel computes and the call is a plain float32 CPU step without gradients; the
-result equals its eager step to float32 rounding (tests/backends/test_block_step.py).
+arithmetic. The result equals the blocks' eager step to float32 rounding (tests/backends/test_block_step.py).
 """
 
 from __future__ import annotations
@@ -15,58 +14,15 @@ from typing import NamedTuple
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import library
+from xlstm_zoo.backends.block_step import BlockStepSizes, BlockStepWeights, registrations
+from xlstm_zoo.backends.cpp.build import c_entry, library
+from xlstm_zoo.backends.kernel import Kernel
 from xlstm_zoo.backends.states import MLSTMState
 
-__all__ = ["BlockStepKernel", "BlockStepSizes", "BlockStepWeights", "BoundStep", "PreparedRun", "blocks_step",
-           "registrations"]
+__all__ = ["BlockStepKernel", "BoundStep", "KERNEL", "PreparedRun", "blocks_step", "run_blocks"]
 
-
-class BlockStepWeights(NamedTuple):
-    """The block's tensors in ``nn.Linear``'s layout ``[out, in]``; a bias (or a gate's projection) may be None."""
-
-    norm_w: torch.Tensor
-    norm_b: torch.Tensor | None
-    Wq: torch.Tensor
-    bq: torch.Tensor | None
-    Wk: torch.Tensor
-    bk: torch.Tensor | None
-    Wv: torch.Tensor
-    bv: torch.Tensor | None
-    Wo: torch.Tensor
-    bo: torch.Tensor | None
-    Wi: torch.Tensor | None
-    bi: torch.Tensor
-    Wf: torch.Tensor | None
-    bf: torch.Tensor
-    head_norm_w: torch.Tensor
-    head_norm_b: torch.Tensor | None
-    Wout: torch.Tensor
-    bout: torch.Tensor | None
-    mlp_norm_w: torch.Tensor
-    mlp_norm_b: torch.Tensor | None
-    Wup: torch.Tensor
-    bup: torch.Tensor | None
-    Wdown: torch.Tensor
-    bdown: torch.Tensor | None
-
-
-class BlockStepSizes(NamedTuple):
-    """Sizes, gate schemes and constants; ``i_cap``/``f_cap`` 0 means no soft cap."""
-
-    heads: int
-    qk_dim: int
-    hidden: int
-    exp_input: bool
-    exp_forget: bool
-    gelu: bool
-    norm_eps: float
-    mlp_norm_eps: float
-    head_norm_eps: float
-    i_cap: float
-    f_cap: float
-    qk_scale: float
-    cell_eps: float
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("mlstm7b_blocks_step_f32", "ptr i64")
 
 
 _STATE = ("x", "C", "n", "m", "y", "C_out", "n_out", "m_out")
@@ -128,8 +84,7 @@ class PreparedRun:
     the outputs and calls the kernel. Its result is the same as :func:`blocks_step`'s, bit for bit.
 
     Why: between generation steps the weights stream through the caches and push Python's objects out, so
-    each call a step makes costs tens of microseconds. At d=1024 B=1, gathering the four blocks' weights
-    from their modules alone took 0.18 ms of a ~9 ms step.
+    each call a step makes costs tens of microseconds (docs/performance.md).
 
     It stays valid while no module anywhere has had a parameter, buffer or submodule registered or
     replaced since (a counter that torch's global registration hooks advance), and while every weight
@@ -186,31 +141,6 @@ class PreparedRun:
         return x, new_states
 
 
-_registered = [0]  # parameters, buffers and submodules registered or replaced on any module since counted
-
-
-def registrations() -> int:
-    """How many parameters, buffers and submodules have been registered or replaced on any module (through
-    ``register_*`` or attribute assignment) since this was first called: a change means what was prepared
-    from a module's parts may be stale."""
-    if not _hooks:
-        _install_registration_hooks()
-    return _registered[0]
-
-
-_hooks: list = []
-
-
-def _install_registration_hooks() -> None:
-    def count(*_):
-        _registered[0] += 1
-
-    modules = torch.nn.modules.module
-    _hooks.extend(register(count) for register in (modules.register_module_parameter_registration_hook,
-                                                   modules.register_module_buffer_registration_hook,
-                                                   modules.register_module_module_registration_hook))
-
-
 class BlockStepKernel:
     """The compiled step of one block (one instance per block). The weights are checked (dtype, device,
     shape) when they are first seen, and again whenever one of them is a different tensor or storage; a
@@ -222,14 +152,6 @@ class BlockStepKernel:
         self._weights_key: tuple | None = None
         self._weights: dict[str, torch.Tensor | None] = {}  # the checked weights, held while in use
         self._template = _Args()  # the call's arguments but for input, state and outputs
-
-    # A copy (copy.deepcopy, pickling, torch.save of the whole model) keeps the sizes and prepares itself at
-    # its first step: the prepared arguments hold another model's pointers, and ctypes cannot pickle them.
-    def __getstate__(self) -> dict:
-        return {"sizes": self.sizes}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["sizes"])
 
     def bind(self, x: torch.Tensor, state: MLSTMState, weights: BlockStepWeights) -> BoundStep:
         """One token through the block, ``x [B, dim]`` and the cell's state -> ``y [B, dim]`` and the new state
@@ -274,3 +196,46 @@ class BlockStepKernel:
                 raise ValueError(f"mlstm7b_block_step: {required} (the gate's bias) is required")
         return held
 
+
+
+_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # block -> its BlockStepKernel
+# A run's first block -> {the run's blocks' ids: its PreparedRun}. Outside the modules, which stay picklable.
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _block_kernel(block, sizes: BlockStepSizes) -> BlockStepKernel:
+    kernel = _KERNELS.get(block)
+    if kernel is None or kernel.sizes != sizes:
+        kernel = _KERNELS[block] = BlockStepKernel(sizes)
+    return kernel
+
+
+def _prepared_run(blocks, x: torch.Tensor, sizes: list[BlockStepSizes]) -> PreparedRun | None:
+    """The blocks' prepared run (prepared now if it was not, or no longer holds), or None where a weight is not
+    contiguous."""
+    runs, key = _PREPARED.setdefault(blocks[0], {}), tuple(map(id, blocks))
+    run = runs.get(key)
+    if run is not None and run.serves(blocks):
+        return run
+    runs.pop(key, None)
+    kernels = [_block_kernel(block, s) for block, s in zip(blocks, sizes)]
+    run = PreparedRun.prepare(blocks, kernels, [block.step_weights() for block in blocks], x.shape[1])
+    if run is not None:
+        runs[key] = run
+    return run
+
+
+def run_blocks(blocks, x: torch.Tensor, states: list[MLSTMState], sizes: list[BlockStepSizes]):
+    """The op's contract (:func:`xlstm_zoo.backends.block_step.mlstm7b_block_step`, states given): without
+    gradients through the run prepared at the last such step while it holds, else checked block by block."""
+    if not torch.is_grad_enabled():
+        run = _prepared_run(blocks, x, sizes)
+        out = run(x, states) if run is not None else None
+        if out is not None:
+            return out
+    return blocks_step([(_block_kernel(block, s), state, block.step_weights())
+                        for block, state, s in zip(blocks, states, sizes)], x)
+
+
+KERNEL = Kernel("mlstm7b_block", "step", "cpp", run_blocks, devices=("cpu",), dtypes=(torch.float32,), opaque=True,
+                notes="a stack's run of blocks in one call; weights laid out once per run while they hold")

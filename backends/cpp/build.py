@@ -8,7 +8,7 @@ machine and load them with ctypes.
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or
 ``$XLSTM_ZOO_CACHE_DIR/cpp``). The cache key holds a hash of the sources, the flags, the compiler and
-this CPU (and of this file), because the library is built for the CPU it runs on (``-march=native``, or
+this CPU, because the library is built for the CPU it runs on (``-march=native``, or
 ``$XLSTM_ZOO_CPU_TARGET``). A failed build warns
 once (:class:`CppBuildWarning`, with the compiler's own error lines) and the dispatcher falls back to the
 next backend; the user's run goes on.
@@ -31,19 +31,39 @@ from pathlib import Path
 
 import torch
 
-from xlstm_zoo.backends.dispatch import ENV_FORCE
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "slstm_loop.cpp", HERE / "lstm_loop.cpp", HERE / "mlstm_chunk.cpp", HERE / "mlstm_step.cpp",
-           HERE / "linear_step.cpp", HERE / "block_step.cpp", HERE / "gated_activation.cpp", HERE / "rms_norm.cpp",
-           HERE / "soft_cap.cpp", HERE / "head_norm_gate.cpp", HERE / "causal_conv.cpp", HERE / "block_diagonal.cpp",
-           HERE / "rwkv_wkv.cpp")
-HEADERS = (HERE / "loops.h", HERE / "block_gemm.h", HERE / "linear_rows.h", HERE / "mlstm_step.h")
+SOURCES = tuple(sorted(HERE.glob("*.cpp")))
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 LIBRARY = "libxlstm_zoo_loops.so"
+
+# Each C entry's argument types, declared once beside the wrapper that calls it (:func:`c_entry`); the library's
+# functions get exactly these ctypes argument types at load. tests/backends/test_cpp_abi.py holds every
+# declaration to the ``extern "C"`` prototype in the sources, so a miscounted list is a failed test, not a
+# segfault.
+C_TYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "int": ctypes.c_int, "f32": ctypes.c_float,
+           "f64": ctypes.c_double}
+ENTRIES: dict[str, tuple[str, ...]] = {}  # "xlstm_zoo_<name>" -> its argument types, C_TYPES' names
+
+
+def c_entry(name: str, arguments: str) -> str:
+    """Declare the C function ``xlstm_zoo_<name>``: ``arguments`` are its argument types in order, each a
+    name of :data:`C_TYPES` and ``*n`` for n in a row (``"ptr*5 i64*2 f32 i64"``). Returns the full name."""
+    types = []
+    for word in arguments.split():
+        kind, _, count = word.partition("*")
+        if kind not in C_TYPES or (count and not count.isdigit()):
+            raise ValueError(f"c_entry {name}: {word!r} is not a C argument type; allowed: "
+                             f"{', '.join(C_TYPES)}, each optionally *count")
+        types += [kind] * int(count or 1)
+    full = f"xlstm_zoo_{name}"
+    ENTRIES[full] = tuple(types)
+    if _build.library is not None:  # declared after the library was loaded
+        _declare(_build.library, full)
+    return full
 # Tried in order: the first that compiles and links wins. OpenMP: the loops' threads come from the
 # process's OpenMP runtime, torch's (see parallel_rows in loops.h). Vector maths: the gate maths uses
-# glibc's SIMD functions (libmvec; see slstm_loop.cpp): 4x faster forward, 2.8x backward at the quick
-# grids' sizes. `-z defs` makes a missing library a link error here rather than a load error later. Not
+# glibc's SIMD functions (libmvec; see slstm_loop.cpp). `-z defs` makes a missing library a link error here rather than a load error later. Not
 # every compiler knows -march=native.
 OPENMP = "-fopenmp"
 VECTOR_MATH = ["-DXLSTM_ZOO_VECTOR_MATH", "-fopenmp-simd", "-fno-math-errno"]
@@ -109,7 +129,7 @@ def cache_path() -> Path:
     root = os.environ.get("XLSTM_ZOO_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "xlstm_zoo"
     digest = hashlib.sha256()
-    files = (*SOURCES, *HEADERS, Path(__file__))
+    files = (*SOURCES, *HEADERS)  # and the flags, below: what the library is built from
     for part in (*(f.read_bytes() for f in files), str(compiler()).encode(), repr(flag_sets()).encode(),
                  platform.machine().encode(), _cpu_fingerprint().encode()):
         digest.update(part)
@@ -167,46 +187,16 @@ def first_error(output: str, max_lines: int = 3) -> str:
 
 
 def _load(path: Path) -> ctypes.CDLL:
+    """The library with every declared entry's argument types set (a declared entry it lacks is an error)."""
     lib = ctypes.CDLL(str(path))
-    ptr, i64, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    signatures = {"slstm_forward": [ptr] * 11 + [i64] * 5 + [flag, flag, i64],
-                  "slstm_backward": [ptr] * 15 + [i64] * 5 + [flag, flag, i64],
-                  "lstm_forward": [ptr] * 7 + [i64] * 5,
-                  "lstm_backward": [ptr] * 9 + [i64] * 5}
-    for name, argtypes in signatures.items():
-        for dtype in ("f32", "f64"):
-            fn = getattr(lib, f"xlstm_zoo_{name}_{dtype}")
-            fn.argtypes, fn.restype = argtypes, None
-    f32 = ctypes.c_float
-    for name, argtypes in {"mlstm_chunk_forward_f32": [ptr] * 12 + [i64] * 4 + [f32, i64],
-                           "mlstm_chunk_backward_f32": [ptr] * 21 + [i64] * 4 + [f32, i64],
-                           "mlstm_chunk_sums_forward_f32": [ptr] * 5 + [i64] * 5,
-                           "mlstm_sequence_forward_f32": [ptr] * 19 + [i64] * 6 + [f32, f32, i64],
-                           "mlstm_sequence_backward_f32": [ptr] * 25 + [i64] * 6 + [f32, f32, i64],
-                           "mlstm_chunk_sums_backward_f32": [ptr] * 8 + [i64] * 5,
-                           "mlstm_step_f32": [ptr] * 12 + [i64] * 3 + [f32, f32, flag, flag, i64],
-                           "linear_step_f32": [ptr] * 4 + [i64] * 4,
-                           "mlstm7b_blocks_step_f32": [ptr, i64],
-                           "silu_gate_forward_f32": [ptr] * 2 + [i64] * 3,
-                           "silu_gate_backward_f32": [ptr] * 3 + [i64] * 3,
-                           "gelu_gate_forward_f32": [ptr] * 2 + [i64] * 3,
-                           "gelu_gate_backward_f32": [ptr] * 3 + [i64] * 3,
-                           "causal_conv_silu_forward_f32": [ptr, i64] + [ptr] * 4 + [i64] * 5,
-                           "causal_conv_silu_backward_f32": [ptr, i64] + [ptr] * 9 + [i64] * 5,
-                           "block_diagonal_forward_f32": [ptr, i64] + [ptr] * 3 + [i64] * 4,
-                           "block_diagonal_backward_f32": [ptr, i64] + [ptr] * 5 + [i64] * 4,
-                           "rms_norm_forward_f32": [ptr] * 5 + [i64] * 2 + [f32, i64],
-                           "rms_norm_backward_f32": [ptr] * 7 + [i64] * 3,
-                           "soft_cap_forward_f32": [ptr] * 2 + [i64] * 2 + [f32, i64],
-                           "soft_cap_backward_f32": [ptr] * 3 + [i64] * 2 + [f32, i64],
-                           "head_norm_gate_forward_f32": [ptr] * 7 + [i64] * 4 + [f32, i64],
-                           "head_norm_gate_backward_f32": [ptr] * 11 + [i64] * 5,
-                           "head_norm_forward_f32": [ptr] * 6 + [i64] * 3 + [f32, i64],
-                           "head_norm_backward_f32": [ptr] * 9 + [i64] * 4,
-                           "rwkv_wkv_forward_f32": [ptr] * 8 + [i64] * 4}.items():
-        fn = getattr(lib, f"xlstm_zoo_{name}")
-        fn.argtypes, fn.restype = argtypes, None
+    for name in ENTRIES:
+        _declare(lib, name)
     return lib
+
+
+def _declare(lib: ctypes.CDLL, name: str) -> None:
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = [C_TYPES[t] for t in ENTRIES[name]], None
 
 
 class Build:
@@ -281,17 +271,6 @@ def row_view(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     if (width > 1 and flat.stride(1) != 1) or (rows > 1 and flat.stride(0) < width):
         flat = flat.contiguous()
     return flat, flat.stride(0) if rows > 1 else width
-
-
-def direct_call_allowed(*tensors: torch.Tensor | None) -> bool:
-    """Whether a fast path outside the dispatcher (a layer's, block's or cell's) may call the compiled
-    kernels now on ``tensors`` (None entries skipped): each is float32 on the CPU and not empty, nothing is
-    compiling, exporting or tracing (the tensors there have no data), no backend is forced
-    (``XLSTM_ZOO_BACKEND`` sends the ops to that backend, and these paths step aside too) and the library
-    is built."""
-    return (all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.numel() > 0) for t in tensors)
-            and not torch.compiler.is_compiling() and not torch.compiler.is_exporting() and not torch.jit.is_tracing()
-            and not os.environ.get(ENV_FORCE) and unavailable_reason() is None)
 
 
 def unavailable_reason() -> str | None:

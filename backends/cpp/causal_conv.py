@@ -1,7 +1,6 @@
-"""The conv blocks' causal depthwise convolution followed by SiLU, ``silu(conv(x))``, forward and backward
-in one compiled pass each (``causal_conv.cpp``) for float32 CPU tensors. :class:`xlstm_zoo.layers.CausalConv1d`
-calls it where :func:`fused_conv_silu_applies`; everywhere else (other dtypes or devices, under
-torch.compile, tracing or export, a forced backend, no C++ kernels) it keeps its PyTorch ops.
+"""The ``causal_conv_silu`` op's kernel: the conv blocks' causal depthwise convolution followed by SiLU,
+``silu(conv(x))``, forward and backward in one compiled pass each (``causal_conv.cpp``) for float32 CPU
+tensors.
 """
 
 from __future__ import annotations
@@ -9,14 +8,14 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer, row_view
+from xlstm_zoo.backends.cpp.build import c_entry, library, pointer, row_view
+from xlstm_zoo.backends.kernel import Kernel
 
-__all__ = ["causal_conv_silu", "fused_conv_silu_applies"]
+__all__ = ["KERNEL", "causal_conv_silu"]
 
-
-def fused_conv_silu_applies(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> bool:
-    """Whether :func:`causal_conv_silu` may run on these tensors."""
-    return type(x) is torch.Tensor and x.dim() == 3 and direct_call_allowed(x, state, weight, bias)
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("causal_conv_silu_forward_f32", "ptr i64 ptr*4 i64*5")
+c_entry("causal_conv_silu_backward_f32", "ptr i64 ptr*9 i64*5")
 
 
 def _forward(x_rows, x_stride, x_shape, state, weight, bias) -> torch.Tensor:
@@ -56,7 +55,11 @@ class _ConvSilu(torch.autograd.Function):
 
 def causal_conv_silu(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``silu(bias + sum_k weight[:, k] * [state, x][:, t + k])`` for ``x [B, T, C]``, ``state [B, K-1, C]``,
-    ``weight [C, K]``, ``bias [C]``; only where :func:`fused_conv_silu_applies`."""
+    ``weight [C, K]``, ``bias [C]``, float32 CPU tensors."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, state, weight, bias)):
         return _ConvSilu.apply(x, state, weight, bias)
     return _forward(*row_view(x), x.shape, state.contiguous(), weight.contiguous(), bias.contiguous())
+
+
+KERNEL = Kernel("causal_conv_silu", "layer", "cpp", causal_conv_silu, devices=("cpu",), dtypes=(torch.float32,),
+                opaque=True, notes="one pass forward, two backward; reads a half of a wider tensor in place")

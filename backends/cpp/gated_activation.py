@@ -1,7 +1,6 @@
-"""The gated MLP's activation ``act(u[..., :F]) * u[..., F:]`` with ``act`` SiLU or exact GELU, forward and
-backward in one compiled pass each (``gated_activation.cpp``) for float32 CPU tensors; elsewhere (other
-dtypes or devices, under torch.compile, tracing or export, a forced backend, no C++ kernels) the same maths
-in PyTorch ops.
+"""The ``silu_gate`` and ``gelu_gate`` ops' kernels: the gated MLP's activation ``act(u[..., :F]) * u[..., F:]``
+with ``act`` SiLU or exact GELU, forward and backward in one compiled pass each (``gated_activation.cpp``)
+for float32 CPU tensors.
 
 Eagerly the forward is two passes over the activations and the backward four and a ``cat`` that joins
 the two halves' gradients; at a training step's sizes each pass is bound by memory bandwidth.
@@ -10,14 +9,17 @@ the two halves' gradients; at a training step's sizes each pass is bound by memo
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library
+from xlstm_zoo.backends.cpp.build import c_entry, library
+from xlstm_zoo.backends.kernel import Kernel
 
-__all__ = ["gelu_gate", "silu_gate"]
+__all__ = ["KERNELS", "gelu_gate", "silu_gate"]
 
-_EAGER = {"silu": F.silu, "gelu": F.gelu}
+# The C entries this module calls (argument types; see build.c_entry).
+for _act in ("silu", "gelu"):
+    c_entry(f"{_act}_gate_forward_f32", "ptr*2 i64*3")
+    c_entry(f"{_act}_gate_backward_f32", "ptr*3 i64*3")
 
 
 def _rows_and_width(u: torch.Tensor) -> tuple[int, int]:
@@ -52,16 +54,7 @@ class _Gate(torch.autograd.Function):
         return du, None
 
 
-def _compiled(u: torch.Tensor) -> bool:
-    return u.shape[-1] % 2 == 0 and direct_call_allowed(u)
-
-
 def _gate(u: torch.Tensor, act: str) -> torch.Tensor:
-    if u.shape[-1] % 2:
-        raise ValueError(f"{act}_gate: the last axis holds [gate, up] and must be even, got {tuple(u.shape)}")
-    if not _compiled(u):
-        gate, up = u.chunk(2, dim=-1)
-        return _EAGER[act](gate) * up
     if torch.is_grad_enabled() and u.requires_grad:
         return _Gate.apply(u, act)
     return _forward(u.contiguous(), act)
@@ -75,3 +68,8 @@ def silu_gate(u: torch.Tensor) -> torch.Tensor:
 def gelu_gate(u: torch.Tensor) -> torch.Tensor:
     """``gelu(gate) * up`` (exact GELU, the erf form) for ``u = [gate, up]``: ``[..., 2F] -> [..., F]``."""
     return _gate(u, "gelu")
+
+
+KERNELS = tuple(Kernel(f"{act}_gate", "layer", "cpp", fn, devices=("cpu",), dtypes=(torch.float32,), opaque=True,
+                       notes="one pass each way" + ("; erf as a polynomial within 1e-6" if act == "gelu" else ""))
+                for act, fn in (("silu", silu_gate), ("gelu", gelu_gate)))

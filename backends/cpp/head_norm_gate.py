@@ -1,14 +1,10 @@
 """The per-head LayerNorm in one compiled pass each way (``head_norm_gate.cpp``) for float32 CPU tensors:
 
-- :func:`head_norm_gate`, the 7B-layout mLSTM cell's output ``LayerNorm per head(h) * weight (+ bias) *
-  sigmoid(o)``. ``h`` comes head-major from the mLSTM (``[B, H, T, D]``), the result leaves token-major
-  (``[B, T, H*D]``). :class:`~xlstm_zoo.cells.mlstm.MLSTMCell` calls it where
-  :func:`fused_head_norm_gate_applies`.
-- :func:`head_norm`, the same norm without the gate on token-major ``[..., H*D]``: the
-  ``multihead_layernorm`` norm (the conv blocks' cell norm) calls it where :func:`fused_head_norm_applies`.
-
-Everywhere else (other dtypes or devices, a step, other norms, under torch.compile, tracing or export, a
-forced backend, no C++ kernels) the callers keep their PyTorch ops.
+- :func:`head_norm_gate`, the ``head_norm_gate`` op's kernel: the 7B-layout mLSTM cell's output
+  ``LayerNorm per head(h) * weight (+ bias) * sigmoid(o)``. ``h`` comes head-major from the mLSTM
+  (``[B, H, T, D]``), the result leaves token-major (``[B, T, H*D]``): the layout copy is gone too.
+- :func:`head_norm`, the ``head_norm`` op's kernel: the same norm without the gate on token-major
+  ``[..., H*D]`` (the ``multihead_layernorm`` norm, the conv blocks' cell norm).
 """
 
 from __future__ import annotations
@@ -16,19 +12,16 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer
+from xlstm_zoo.backends.cpp.build import c_entry, library, pointer
+from xlstm_zoo.backends.kernel import Kernel, Limit
 
-__all__ = ["fused_head_norm_applies", "fused_head_norm_gate_applies", "head_norm", "head_norm_gate"]
+__all__ = ["KERNELS", "head_norm", "head_norm_gate"]
 
-
-def fused_head_norm_gate_applies(h: torch.Tensor, o: torch.Tensor, weight: torch.Tensor,
-                                 bias: torch.Tensor | None) -> bool:
-    """Whether :func:`head_norm_gate` may run: ``h [B, H, T, D]`` and ``o [B, T, H*D]``, float32 CPU."""
-    if not (type(h) is torch.Tensor and type(o) is torch.Tensor and h.dim() == 4 and h.numel() > 0):
-        return False
-    B, H, T, D = h.shape
-    return (o.shape == (B, T, H * D) and weight.shape == (H * D,) and (bias is None or bias.shape == weight.shape)
-            and direct_call_allowed(h, o, weight, bias))
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("head_norm_gate_forward_f32", "ptr*7 i64*4 f32 i64")
+c_entry("head_norm_gate_backward_f32", "ptr*11 i64*5")
+c_entry("head_norm_forward_f32", "ptr*6 i64*3 f32 i64")
+c_entry("head_norm_backward_f32", "ptr*9 i64*4")
 
 
 def _sizes(h: torch.Tensor) -> tuple[int, int, int, int]:
@@ -69,18 +62,11 @@ class _HeadNormGate(torch.autograd.Function):
 
 def head_norm_gate(h: torch.Tensor, o: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    eps: float) -> torch.Tensor:
-    """``LayerNorm_per_head(h) * weight (+ bias) * sigmoid(o)`` as ``[B, T, H*D]``; only where
-    :func:`fused_head_norm_gate_applies`."""
+    """``LayerNorm_per_head(h) * weight (+ bias) * sigmoid(o)`` as ``[B, T, H*D]``."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, o, weight, bias)):
         return _HeadNormGate.apply(h, o, weight, bias, float(eps))
     return _forward(h.contiguous(), o.contiguous(), weight.contiguous(),
                     None if bias is None else bias.contiguous(), float(eps))[0]
-
-
-def fused_head_norm_applies(x: torch.Tensor, heads: int, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether :func:`head_norm` may run: ``x [..., H*D]`` with ``weight [H*D]``, float32 CPU."""
-    return (type(x) is torch.Tensor and x.dim() >= 1 and weight.shape == x.shape[-1:] and x.shape[-1] % heads == 0
-            and (bias is None or bias.shape == weight.shape) and direct_call_allowed(x, weight, bias))
 
 
 def _plain_forward(x, heads, weight, bias, eps):
@@ -119,9 +105,17 @@ class _HeadNorm(torch.autograd.Function):
 
 def head_norm(x: torch.Tensor, heads: int, weight: torch.Tensor, bias: torch.Tensor | None,
               eps: float) -> torch.Tensor:
-    """``LayerNorm_per_head(x) * weight (+ bias)`` for ``x [..., heads * D]``; only where
-    :func:`fused_head_norm_applies`."""
+    """``LayerNorm_per_head(x) * weight (+ bias)`` for ``x [..., heads * D]``."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _HeadNorm.apply(x, heads, weight, bias, float(eps))
     return _plain_forward(x.contiguous(), heads, weight.contiguous(),
                           None if bias is None else bias.contiguous(), float(eps))[0]
+
+
+KERNELS = (
+    Kernel("head_norm", "layer", "cpp", head_norm, devices=("cpu",), dtypes=(torch.float32,), opaque=True,
+           limits=(Limit("heads", low=2),),
+           notes="one pass each way; one head stays on torch's fused layer_norm, faster there (docs/performance.md)"),
+    Kernel("head_norm_gate", "layer", "cpp", head_norm_gate, devices=("cpu",), dtypes=(torch.float32,), opaque=True,
+           notes="one pass each way, h read head-major"),
+)

@@ -11,12 +11,15 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from xlstm_zoo.backends.cpp.build import library, pointer, unavailable_reason
+from xlstm_zoo.backends.cpp.build import c_entry, library, pointer, unavailable_reason
 from xlstm_zoo.backends.kernel import Kernel, Limit
 
 __all__ = ["KERNEL", "LINEAR_STEP_MAX_ROWS", "ROUTE_STEPS", "compiled_linear_step", "cpu_vendor", "linear_step"]
 
-# Up to this many rows (a step's batch size) the loop beats torch's GEMM on an AMD EPYC (docs/performance.md).
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("linear_step_f32", "ptr*4 i64*4")
+
+# Up to this many rows (a step's batch size) the loop beats torch's GEMM where it is routed (docs/performance.md).
 LINEAR_STEP_MAX_ROWS = 16
 
 
@@ -29,10 +32,9 @@ def cpu_vendor() -> str:
         return ""
 
 
-# Whether xlstm_zoo.layers.Linear sends a step's calls here. On an AMD EPYC torch's GEMM (MKL) reads the
-# weight at a third of this loop's speed at M = 1; on an Intel Xeon with AVX-512 it is as fast or faster
-# (xLSTM[7:1] generation step 3.3 ms with the layers routed here, 2.8 ms without), so there they stay on
-# F.linear. The 7B block's compiled step (block_step.cpp) uses the loop inside it on every CPU.
+# Whether xlstm_zoo.layers.Linear sends a step's calls here: not on Intel CPUs, where MKL's GEMM is as fast
+# at a step's sizes and the routing only adds its Python cost (docs/performance.md). The 7B block's compiled
+# step (block_step.cpp) uses the loop inside it on every CPU.
 ROUTE_STEPS = cpu_vendor() != "GenuineIntel"
 
 
@@ -85,7 +87,7 @@ def _op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tor
 
 
 # For torch.compile (model.compiled_step()): inductor's GEMM at a step's few rows is torch's, as slow as
-# in eager mode; the compiled graph calls this kernel instead (d=1024, B=1: 17.9 -> 12.9 ms a step).
+# in eager mode; the compiled graph calls this kernel instead.
 _linear_step_op = torch.library.custom_op("xlstm_zoo::linear_step", _op, mutates_args=(),
                                           schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 

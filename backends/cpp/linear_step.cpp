@@ -1,6 +1,5 @@
-// A step's linear map as one call: y [M, N] = x [M, K] W^T (+ b), M up to 16 (see linear_rows.h). On an
-// AMD EPYC torch's GEMM read W at 10-30 GB/s for M = 1 where this loop read 30-100 GB/s; on a Xeon with
-// AVX-512 and MKL the two are on par (docs/performance.md).
+// A step's linear map as one call: y [M, N] = x [M, K] W^T (+ b), M up to 16 (see linear_rows.h). Where
+// torch's GEMM reads W far below the memory's speed at a step's few rows (docs/performance.md).
 
 #include "linear_rows.h"
 

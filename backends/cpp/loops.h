@@ -47,11 +47,8 @@ double tanh(double);
 // The gated MLP's gates, RMSNorm, the soft cap, the head norm and gate, the causal conv, the block-diagonal
 // map and the LSTM and sLSTM loops start with XLSTM_ZOO_WIDE_VECTORS. GCC tunes several AVX-512 CPUs for
 // 256-bit vectors (this Xeon, which -march=native reads as rocketlake, among them) and then calls libmvec's
-// 8-wide exp and tanh. With 512-bit vectors, at the 7B layout's d=256 sizes, the soft cap ran 0.96 -> 0.49
-// ms, the SiLU gate 0.50 -> 0.41 ms and the head norm and gate 0.34 -> 0.28 ms; the LSTM loops (B=4 T=1024
-// D=128, one thread) 7.8 -> 6.3 ms forward, 23.7 -> 19.5 ms forward+backward; the sLSTM cell (B=4 T=1024
-// D=128, 4 heads, two threads) 11.6-13.0 -> 10.5-11.0 ms forward, forward+backward unchanged. But with
-// every file built so the mLSTM chunk kernels were 6% slower, so only these files ask. It applies to
+// 8-wide exp and tanh. These files gain from 512-bit vectors and the mLSTM chunk kernels lose
+// (docs/performance.md), so only these files ask. It applies to
 // functions defined after it: a loop inside a lambda handed to a template declared earlier keeps the
 // default width (so the soft cap's, the gated MLP's gates' and the causal conv's loops are out-of-line
 // functions).
@@ -156,8 +153,8 @@ inline void load_row(T* to, const T* from, int64_t row, int64_t D) {
 constexpr int64_t kMinWorkPerThread = int64_t(1) << 22;
 
 // Subnormal floats (below 1.2e-38) cost about a hundred cycles per operation on x86 CPUs, and the mLSTM's
-// decays reach them wherever strong forget gates separate two tokens of a chunk: the op (B=2 H=4 T=1024
-// Dk=64 Dv=128) ran 4.5 -> 23.9 ms forward with forget pre-activations N(-2, 1) instead of N(3, 1). Our
+// decays reach them wherever strong forget gates separate two tokens of a chunk (the op ran several times
+// slower with strongly closed forget gates). Our
 // kernels read and write them as 0 (the MXCSR's flush-to-zero and denormals-are-zero bits), on every
 // thread for the duration of its work only; the caller's setting comes back after. Against the values
 // they are summed with, they are far below float rounding.
@@ -182,8 +179,7 @@ class FlushSubnormals {
 //
 // Built with OpenMP (build.py tries it first), the threads are those of the process's OpenMP runtime,
 // which is torch's own (libgomp, loaded once by soname): after a torch op its threads spin for a while
-// waiting for more work, and threads of our own would compete with them for the cores (the mLSTM chunk
-// core ran 1.3x slower than the PyTorch one inside the op that way, 1.15x faster in isolation).
+// waiting for more work, and threads of our own would compete with them for the cores.
 template <typename MakeWorker>
 void parallel_rows(int64_t rows, int64_t threads, const MakeWorker& make_worker) {
     threads = std::max<int64_t>(1, std::min(threads, rows));

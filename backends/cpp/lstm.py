@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import loop_function, pointer
+from xlstm_zoo.backends.cpp.build import c_entry, loop_function, pointer
 from xlstm_zoo.backends.fused.lstm import run_sequence
 from xlstm_zoo.backends.fused.time_major import (from_time_major, recurrent_weight_grad, state_in, state_out,
                                                  to_time_major)
+from xlstm_zoo.backends.kernel import Kernel, Limit
 from xlstm_zoo.backends.states import LSTMState
 
-__all__ = ["lstm_sequence", "lstm_time_major"]
+__all__ = ["TIME_MAJOR_KERNEL", "lstm_sequence", "lstm_time_major"]
+
+# The C entries this module calls (argument types; see build.c_entry).
+for _dtype in ("f32", "f64"):
+    c_entry(f"lstm_forward_{_dtype}", "ptr*7 i64*5")
+    c_entry(f"lstm_backward_{_dtype}", "ptr*9 i64*5")
 
 
 def _forward_loops(W, R, c0, h0):
@@ -89,3 +95,11 @@ def lstm_time_major(W: torch.Tensor, R: torch.Tensor, c0: torch.Tensor, h0: torc
     """``W [T,H,B,4Dh]`` (W x + b, gates i, f, z, o), ``R [H,Dh,4Dh]``, ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``,
     ``c_T, h_T [H,B,Dh]``; float32/float64 CPU tensors, with autograd."""
     return _CppLSTMTimeMajor.apply(W, R, c0, h0)
+
+
+# Where the loops on time-major tensors beat torch's own LSTM (oneDNN), which an LSTM cell runs otherwise: from
+# 64 units wide, and for one head (the only case where torch.lstm does no wasted work) on at most 4 rows; the
+# cell passes ``rows`` only then (docs/performance.md has the measurements).
+TIME_MAJOR_KERNEL = Kernel("lstm", "time_major", "cpp", lstm_time_major, devices=("cpu",), dtypes=(torch.float32,),
+                           opaque=True, limits=(Limit("width", low=64), Limit("rows", high=4)),
+                           notes="the loops on the layout as it is: no copies; limits where they beat torch.lstm")

@@ -6,9 +6,9 @@
 // with the threads splitting each head's units: a thread computes the four gate columns of its units
 // for every row, then their cell update, then waits for the others (one barrier per token: the next
 // token's product reads every unit of h). This is the schedule of a BLAS-backed LSTM without a library
-// call per token; against the row loop below, 1.4-2x faster forward and backward at B=4-16, D=128-256.
+// call per token, faster than the row loop below from a few rows of 128 units (docs/performance.md).
 // float64 (gradcheck) and heads narrower than one vector keep one (head, batch) row per thread (see
-// slstm_loop.cpp), a matrix-vector loop: at D=8 (B=32, T=20) it is 2x faster than the batched product.
+// slstm_loop.cpp), a matrix-vector loop, faster than the batched product for narrow heads.
 //
 // Layout (row-major, time-major):
 //   W, G   [T, H, B, 4D]   W x + b in, pre-activations out (G = W + h_prev R), gate order i, f, z, o
@@ -21,8 +21,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-#include <thread>
 
 #include "block_gemm.h"
 #include "loops.h"
@@ -124,45 +122,25 @@ inline int batched_threads(int64_t heads, int64_t batch, int64_t D, int64_t thre
     return int(std::max<int64_t>(1, std::min({threads, per_token / (int64_t(1) << 15), (D + kLanes - 1) / kLanes})));
 }
 
-// A barrier for the threads of one team that spins on a generation counter, yielding the core now and then
-// (an oversubscribed machine). The loops wait once per token; against `omp barrier` the LSTM forward loop
-// ran 3-10% faster (B=4 T=1024 D=128, 2 threads; docs/performance.md).
-class SpinBarrier {
-  public:
-    void reset(int count) { count_ = count; }
-    void wait() {
-        const int generation = generation_.load(std::memory_order_acquire);
-        if (arrived_.fetch_add(1, std::memory_order_acq_rel) == count_ - 1) {
-            arrived_.store(0, std::memory_order_relaxed);  // seen by the others before the new generation
-            generation_.store(generation + 1, std::memory_order_release);
-            return;
-        }
-        for (int spins = 1; generation_.load(std::memory_order_acquire) == generation; ++spins) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
+// The threads of one team wait for each other once per token: OpenMP's own barrier (an orphaned directive
+// binds to the team's parallel region). Without OpenMP the team is the calling thread alone.
+struct TeamBarrier {
+    void wait() const {
+#ifdef _OPENMP
+#pragma omp barrier
 #endif
-            if (spins % 4096 == 0) std::this_thread::yield();
-        }
     }
-
-  private:
-    alignas(64) std::atomic<int> arrived_{0};
-    alignas(64) std::atomic<int> generation_{0};
-    int count_ = 1;
 };
 
-// `body(index, count, barrier)` on a team of `count` threads (fewer if the runtime gives fewer), `barrier`
-// sized to the team. Without OpenMP: the calling thread alone (a barrier per token wants threads that stay
+// `body(index, count, barrier)` on a team of `count` threads (fewer if the runtime gives fewer). Without OpenMP: the calling thread alone (a barrier per token wants threads that stay
 // in one team).
 template <typename Body>
 void team(int count, const Body& body) {
-    SpinBarrier barrier;
+    const TeamBarrier barrier;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(count)
     {
         FlushSubnormals flush;
-#pragma omp single
-        barrier.reset(omp_get_num_threads());  // (the implicit barrier after `single` publishes it)
         body(omp_get_thread_num(), omp_get_num_threads(), barrier);
     }
 #else
@@ -176,7 +154,7 @@ void forward_batched(const Problem<float>& p, int64_t threads) {
     const int64_t D = p.dim, D4 = 4 * D, H = p.heads, B = p.batch, rows = H * B;
     std::copy(p.c0, p.c0 + rows * D, p.C);
     std::copy(p.h0, p.h0 + rows * D, p.Hs);
-    team(batched_threads(H, B, D, threads), [&](int index, int count, SpinBarrier& barrier) {
+    team(batched_threads(H, B, D, threads), [&](int index, int count, const TeamBarrier& barrier) {
         int64_t j0, j1;
         owned_units(D, index, count, j0, j1);
         for (int64_t t = 0; t < p.steps; ++t) {
@@ -215,7 +193,7 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
         load_row(dc + r * D, p.dcT, r, D);
         load_row(dh_rec + r * D, p.dhT, r, D);
     }
-    team(batched_threads(H, B, D, threads), [&](int index, int count, SpinBarrier& barrier) {
+    team(batched_threads(H, B, D, threads), [&](int index, int count, const TeamBarrier& barrier) {
         int64_t j0, j1;
         owned_units(D, index, count, j0, j1);
         for (int64_t t = p.steps - 1; t >= 0; --t) {

@@ -23,8 +23,9 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import library, pointer
+from xlstm_zoo.backends.cpp.build import c_entry, library, pointer
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
+from xlstm_zoo.backends.kernel import tracing
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence as reference_sequence
 from xlstm_zoo.backends.reference.mlstm.chunkwise import ChunkKernels
 from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core as reference_core
@@ -35,12 +36,20 @@ from xlstm_zoo.backends.states import MLSTMState
 
 __all__ = ["chunk_core", "chunk_sums", "mlstm_sequence", "mlstm_step"]
 
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("mlstm_chunk_forward_f32", "ptr*12 i64*4 f32 i64")
+c_entry("mlstm_chunk_backward_f32", "ptr*21 i64*4 f32 i64")
+c_entry("mlstm_chunk_sums_forward_f32", "ptr*5 i64*5")
+c_entry("mlstm_chunk_sums_backward_f32", "ptr*8 i64*5")
+c_entry("mlstm_sequence_forward_f32", "ptr*19 i64*6 f32 f32 i64")
+c_entry("mlstm_sequence_backward_f32", "ptr*25 i64*6 f32 f32 i64")
+c_entry("mlstm_step_f32", "ptr*12 i64*3 f32 f32 int int i64")
+
 
 def _compiled(*tensors) -> bool:
     """float32 CPU tensors with data (under torch.compile or torch.export they are fakes, and torch.jit.trace
     cannot record a ctypes call: the reference runs)."""
-    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing())
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and not tracing()
 
 
 def _wants_grad(*tensors) -> bool:
@@ -215,9 +224,7 @@ def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: f
 
 
 # Per-row state sizes (Dk * Dv) up to which one thread per row beats the per-chunk kernels on every thread
-# when at least half the threads get a row (measured with one row on 2 threads, T = 16-16384: one-call 1.3-5.6x
-# faster forward and 1.0-4.2x forward+backward at Dk = Dv = 16-128; at 256 the per-chunk kernels won
-# some cases by up to 1.2x).
+# when at least half the threads get a row (above it the per-chunk kernels won some cases; docs/performance.md).
 ONE_CALL_MAX_STATE = 128 * 128
 
 

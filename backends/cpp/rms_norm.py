@@ -1,10 +1,6 @@
-"""RMSNorm over the last axis, ``x * rsqrt(mean(x^2) + eps) * weight (+ bias)``, forward and backward in
-one compiled pass each (``rms_norm.cpp``) for float32 CPU tensors. :class:`xlstm_zoo.norms.RMSNorm`
-calls it where :func:`fused_rms_norm_applies`; everywhere else (other dtypes or devices, per-head norms,
-under torch.compile, tracing or export, a forced backend, no C++ kernels) it keeps its PyTorch ops.
-
-Eagerly the forward is five passes over the activations and the backward about ten; at the 7B layout's
-training sizes each pass is bound by memory bandwidth (see docs/performance.md for what fusing bought).
+"""The ``rms_norm`` op's kernel: RMSNorm over the last axis, forward and backward in one compiled pass each
+(``rms_norm.cpp``) for float32 CPU tensors. Eagerly the forward is five passes over the activations and the
+backward about ten; at training sizes each pass is bound by memory bandwidth.
 """
 
 from __future__ import annotations
@@ -12,15 +8,14 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library, pointer
+from xlstm_zoo.backends.cpp.build import c_entry, library, pointer
+from xlstm_zoo.backends.kernel import Kernel
 
-__all__ = ["fused_rms_norm_applies", "rms_norm"]
+__all__ = ["KERNEL", "rms_norm"]
 
-
-def fused_rms_norm_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether :func:`rms_norm` may run on these tensors."""
-    return (type(x) is torch.Tensor and weight.dim() == 1 and x.shape[-1] == weight.shape[0]
-            and (bias is None or bias.shape == weight.shape) and direct_call_allowed(x, weight, bias))
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("rms_norm_forward_f32", "ptr*5 i64*2 f32 i64")
+c_entry("rms_norm_backward_f32", "ptr*7 i64*3")
 
 
 def _forward(x, weight, bias, eps) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,9 +51,12 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm of ``x [..., D]`` with ``weight [D]`` (and ``bias [D]``); only where
-    :func:`fused_rms_norm_applies`."""
+    """RMSNorm of ``x [..., D]`` with ``weight [D]`` (and ``bias [D]``), float32 CPU tensors."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return _RMSNorm.apply(x, weight, bias, float(eps))
     return _forward(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(), float(eps))[0]
+
+
+KERNEL = Kernel("rms_norm", "layer", "cpp", rms_norm, devices=("cpu",), dtypes=(torch.float32,), opaque=True,
+                notes="one pass each way")

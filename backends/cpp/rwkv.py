@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library
+from xlstm_zoo.backends.cpp.build import c_entry, library, unavailable_reason
+from xlstm_zoo.backends.dispatch import forced
+from xlstm_zoo.backends.kernel import readable
 
 __all__ = ["wkv_forward", "wkv_kernel_applies"]
+
+c_entry("rwkv_wkv_forward_f32", "ptr*8 i64*4")
 
 
 def wkv_kernel_applies(w, u, k, v, num, den, m) -> bool:
@@ -16,7 +20,8 @@ def wkv_kernel_applies(w, u, k, v, num, den, m) -> bool:
     # plain tensors and parameters (the bonus arrives as the cell's parameter itself), no tensor subclasses
     return (all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) and k.dim() == 3
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-            and direct_call_allowed(*tensors))
+            and k.dtype == torch.float32 and k.device.type == "cpu" and readable(*tensors)
+            and not forced() and unavailable_reason() is None)
 
 
 def wkv_forward(w, u, k, v, num, den, m):

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import loop_function, pointer
+from xlstm_zoo.backends.cpp.build import c_entry, loop_function, pointer
 from xlstm_zoo.backends.fused.slstm import run_sequence
 from xlstm_zoo.backends.fused.time_major import from_time_major, recurrent_weight_grad, state_in, state_out, to_time_major
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.states import SLSTMState
 
 __all__ = ["slstm_sequence", "forward_loop", "backward_loop"]
+
+# The C entries this module calls (argument types; see build.c_entry).
+for _dtype in ("f32", "f64"):
+    c_entry(f"slstm_forward_{_dtype}", "ptr*11 i64*5 int int i64")
+    c_entry(f"slstm_backward_{_dtype}", "ptr*15 i64*5 int int i64")
 
 
 def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):

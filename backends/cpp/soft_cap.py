@@ -1,9 +1,6 @@
-"""The soft cap ``cap * tanh(x / cap)``, forward and backward in one compiled pass each (``soft_cap.cpp``)
-for float32 CPU tensors; elsewhere (other dtypes or devices, under torch.compile, tracing or export, a
-forced backend, no C++ kernels) the same maths in PyTorch ops.
-
-Eagerly it is three passes each way; on the 7B layout's logits ([tokens, vocabulary]) those six passes
-took about 5% of a training step at d=256 (see docs/performance.md).
+"""The ``soft_cap`` op's kernel: ``cap * tanh(x / cap)``, forward and backward in one compiled pass each
+(``soft_cap.cpp``) for float32 CPU tensors, where eagerly it is three passes each way (the 7B layout's
+gates and logits).
 """
 
 from __future__ import annotations
@@ -11,9 +8,14 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import direct_call_allowed, library
+from xlstm_zoo.backends.cpp.build import c_entry, library
+from xlstm_zoo.backends.kernel import Kernel
 
-__all__ = ["soft_cap"]
+__all__ = ["KERNEL", "soft_cap"]
+
+# The C entries this module calls (argument types; see build.c_entry).
+c_entry("soft_cap_forward_f32", "ptr*2 i64*2 f32 i64")
+c_entry("soft_cap_backward_f32", "ptr*3 i64*2 f32 i64")
 
 
 def _rows_and_width(x: torch.Tensor) -> tuple[int, int]:
@@ -49,8 +51,10 @@ class _SoftCap(torch.autograd.Function):
 
 def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
     """``cap * tanh(x / cap)``: ``x`` squashed smoothly into ``(-cap, cap)``."""
-    if not (type(x) is torch.Tensor and direct_call_allowed(x)):
-        return cap * torch.tanh(x / cap)
     if torch.is_grad_enabled() and x.requires_grad:
         return _SoftCap.apply(x, float(cap))
     return _forward(x.contiguous(), float(cap))
+
+
+KERNEL = Kernel("soft_cap", "layer", "cpp", soft_cap, devices=("cpu",), dtypes=(torch.float32,), opaque=True,
+                notes="one pass each way")

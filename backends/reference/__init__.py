@@ -3,7 +3,9 @@
 import torch.nn.functional as F
 
 from xlstm_zoo.backends.kernel import Backend, Kernel
-from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step
+from xlstm_zoo.backends.reference import layers
+from xlstm_zoo.backends.reference.block_step import mlstm7b_block_step
+from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step, lstm_time_major
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.reference.slstm import slstm_sequence, slstm_step
 
@@ -16,7 +18,13 @@ KERNELS = (
     Kernel("slstm", "step", "reference", slstm_step),
     Kernel("lstm", "sequence", "reference", lstm_sequence),
     Kernel("lstm", "step", "reference", lstm_step),
+    Kernel("lstm", "time_major", "reference", lstm_time_major, notes="the sequence form through two layout copies"),
     Kernel("linear", "step", "reference", F.linear, notes="torch.nn.functional.linear"),
+    Kernel("mlstm7b_block", "step", "reference", mlstm7b_block_step,
+           notes="what the block's modules compute: there the op returns None and the block runs them"),
+    *(Kernel(op, "layer", "reference", getattr(layers, op)) for op in (
+        "rms_norm", "head_norm", "head_norm_gate", "soft_cap", "silu_gate", "gelu_gate", "causal_conv_silu",
+        "block_diagonal")),
 )
 
 

@@ -11,7 +11,7 @@ import torch
 from xlstm_zoo.backends.reference.scalar_recurrence import recurrent_matmul, run_sequence, run_step
 from xlstm_zoo.backends.states import LSTMState
 
-__all__ = ["lstm_sequence", "lstm_step"]
+__all__ = ["lstm_sequence", "lstm_step", "lstm_time_major"]
 
 
 def _cell(wx_t: torch.Tensor, R: torch.Tensor, s: LSTMState) -> LSTMState:
@@ -29,3 +29,10 @@ def lstm_step(wx_t: torch.Tensor, R: torch.Tensor, state: LSTMState | None = Non
 def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
     """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
     return run_sequence(_cell, wx, R, state, LSTMState.zeros, "LSTM")
+
+
+def lstm_time_major(W: torch.Tensor, R: torch.Tensor, c0: torch.Tensor, h0: torch.Tensor):
+    """:func:`lstm_sequence` on time-major tensors: ``W [T,H,B,4Dh]``, ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``,
+    ``c_T, h_T [H,B,Dh]``."""
+    h, (c_T, h_T) = lstm_sequence(W.permute(2, 1, 0, 3), R, LSTMState(c0.transpose(0, 1), h0.transpose(0, 1)))
+    return h.permute(2, 1, 0, 3), c_T.transpose(0, 1), h_T.transpose(0, 1)

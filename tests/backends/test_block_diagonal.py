@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import xlstm_zoo.layers as layers
+from kernel_calls import kernel_calls
+from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import build
-from xlstm_zoo.backends.cpp.block_diagonal import block_diagonal_linear, fused_block_diagonal_applies
+from xlstm_zoo.backends.cpp.block_diagonal import block_diagonal as block_diagonal_linear
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.layers import BlockDiagonalLinear
 from xlstm_zoo.tolerances import assert_close
@@ -83,14 +84,18 @@ def test_the_same_bits_on_any_thread_count():
         assert all(torch.equal(p, q) for p, q in zip(results[0], other))
 
 
-def test_where_it_applies():
+def test_where_it_applies(monkeypatch):
     x, w = randn(2, 64), randn(16, 4, 4)
-    assert fused_block_diagonal_applies(x, w, None)
-    assert not fused_block_diagonal_applies(x, randn(32, 2, 4), None)  # not square: the einsum
-    assert not fused_block_diagonal_applies(randn(2, 48), randn(16, 3, 3), None)  # 3 features a block
-    assert not fused_block_diagonal_applies(randn(2, 8), randn(2, 4, 4), None)  # a row shorter than a vector
-    assert not fused_block_diagonal_applies(x.double(), w.double(), None)
-    assert not fused_block_diagonal_applies(x, w, randn(32))
+    calls = kernel_calls(monkeypatch, "block_diagonal")
+    ops.block_diagonal(x, w, None)
+    assert len(calls) == 1
+    ops.block_diagonal(x, randn(32, 2, 4), None)  # not square: the einsum
+    ops.block_diagonal(randn(2, 48), randn(16, 3, 3), None)  # 3 features a block
+    ops.block_diagonal(randn(2, 8), randn(2, 4, 4), None)  # a row shorter than a vector
+    ops.block_diagonal(x.double(), w.double(), None)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match=r"block_diagonal: x \(2, 64\), weight \(16, 4, 4\), bias \(32,\); expected"):
+        ops.block_diagonal(x, w, randn(32))
 
 
 def test_a_second_derivative_is_refused_not_wrong():
@@ -103,14 +108,13 @@ def test_a_second_derivative_is_refused_not_wrong():
 def test_the_layer_uses_it_and_falls_back(monkeypatch):
     layer = BlockDiagonalLinear(64, 64, 16, bias=True)
     x = randn(2, 5, 64)
-    calls = []
-    monkeypatch.setattr(layers, "block_diagonal_linear", lambda *a: calls.append(1) or block_diagonal_linear(*a))
+    calls = kernel_calls(monkeypatch, "block_diagonal")
     fused = layer(x)
-    assert calls == [1]
+    assert len(calls) == 1
     BlockDiagonalLinear(64, 32, 16)(x)  # 4 x 2 blocks: the einsum
     monkeypatch.setenv(ENV_FORCE, "reference")  # a forced backend: the einsum
     plain = layer(x)
-    assert calls == [1]
+    assert len(calls) == 1
     assert_close(fused, plain, kind="kernel", what="y", dtype=torch.float32)
 
 

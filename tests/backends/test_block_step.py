@@ -13,8 +13,8 @@ import torch
 
 from xlstm_zoo import build, load_recipe
 from xlstm_zoo.backends import MLSTMState
+from xlstm_zoo.backends.block_step import serves
 from xlstm_zoo.backends.cpp import build as cpp_build
-from xlstm_zoo.backends.cpp.block_step import BlockStepKernel
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.tolerances import assert_close
 
@@ -46,7 +46,7 @@ def model(*overrides, seed=0):
 def eager_step(block, x, state, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setenv(ENV_FORCE, "reference")
-        assert block._compiled_step(x, state) is None
+        assert not serves([block], x, [state])
         return block.step(x, state)
 
 
@@ -66,7 +66,7 @@ def test_block_step_equals_the_eager_step_over_tokens(variant, batch, monkeypatc
     with torch.no_grad():
         for t in range(4):
             x = torch.randn(batch, DIM, generator=torch.Generator().manual_seed(10 + t)) * 2
-            assert block._compiled_step(x, compiled_state) is not None
+            assert serves([block], x, [compiled_state])
             y, compiled_state = block.step(x, compiled_state)
             y_eager, eager_state = eager_step(block, x, eager_state, monkeypatch)
             assert_close(y, y_eager, kind="kernel", what=f"y at token {t}", dtype=torch.float32)
@@ -244,18 +244,18 @@ def test_the_eager_path_serves_what_the_kernel_does_not(monkeypatch):
     block = model().stack.blocks[0]
     state = block.init_state(2)
     with torch.no_grad():
-        assert isinstance(block._compiled_step(x, state), BlockStepKernel)
-        assert block._compiled_step(x.double(), state) is None                 # not float32
-        assert block._compiled_step(x[None], state) is None                    # a sequence, not a step
+        assert serves([block], x, [state])
+        assert not serves([block], x.double(), [state])                        # not float32
+        assert not serves([block], x[None], [state])                           # a sequence, not a step
         monkeypatch.setenv(ENV_FORCE, "reference")
-        assert block._compiled_step(x, state) is None                          # a forced backend
+        assert not serves([block], x, [state])                                 # a forced backend
         monkeypatch.delenv(ENV_FORCE)
-    assert block._compiled_step(x, state) is None                              # gradients wanted
+    assert not serves([block], x, [state])                                     # gradients wanted
     for overrides in (["stack.blocks.m.cell.proj=blockdiag"], ["stack.blocks.m.norm.type=layernorm"],
                       ["stack.blocks.m.cell.backend=reference"], ["stack.blocks.m.cell.input_gate.proj=headwise"]):
         other = model(*overrides).stack.blocks[0]
         with torch.no_grad():
-            assert other._compiled_step(x, other.init_state(2)) is None, overrides
+            assert not serves([other], x, [other.init_state(2)]), overrides
             y, _ = other.step(x, other.init_state(2))  # and the eager step still runs
         assert y.shape == x.shape
 

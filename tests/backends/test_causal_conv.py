@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import xlstm_zoo.layers as layers
+from kernel_calls import kernel_calls
 from xlstm_zoo.backends.cpp import build
 from xlstm_zoo.backends.cpp.causal_conv import causal_conv_silu
 from xlstm_zoo.backends.dispatch import ENV_FORCE
@@ -42,18 +42,13 @@ def run(conv, x_wide, state, dy):
 
 
 @pytest.mark.parametrize("B, T, C, K", [(2, 7, 5, 4), (1, 2, 8, 4), (3, 200, 64, 4), (2, 70, 33, 3), (1, 1, 16, 2)])
-def test_values_state_and_gradients_equal_the_pytorch_ops(B, T, C, K):
+def test_values_state_and_gradients_equal_the_pytorch_ops(B, T, C, K, monkeypatch):
     conv, ref = conv_pair(C, K)
     x_wide, state = randn(B, T, 2 * C, seed=2) * 2, randn(B, K - 1, C, seed=3)
     dy = randn(B, T, C, seed=4)
-    calls = []
-    real = layers.causal_conv_silu
-    layers.causal_conv_silu = lambda *a: calls.append(1) or real(*a)
-    try:
-        y, next_state, grads = run(conv, x_wide.requires_grad_(), state.requires_grad_(), dy)
-    finally:
-        layers.causal_conv_silu = real
-    assert calls == [1]  # the C++ kernel ran (the half of x_wide read in place)
+    calls = kernel_calls(monkeypatch, "causal_conv_silu")
+    y, next_state, grads = run(conv, x_wide.requires_grad_(), state.requires_grad_(), dy)
+    assert len(calls) == 1  # the C++ kernel ran (the half of x_wide read in place)
     y_ref, next_ref, grads_ref = run(ref, x_wide.detach().double().requires_grad_(),
                                      state.detach().double().requires_grad_(), dy.double())
     assert_close(y, y_ref, kind="kernel", what="y", dtype=torch.float32)
@@ -110,16 +105,15 @@ def test_a_second_derivative_is_refused_not_wrong():
 def test_pytorch_ops_serve_without_silu_other_dtypes_and_a_forced_backend(monkeypatch):
     conv, ref = conv_pair(8, 4)
     x = randn(2, 10, 8)
-    calls = []
-    monkeypatch.setattr(layers, "causal_conv_silu", lambda *a: calls.append(1) or causal_conv_silu(*a))
+    calls = kernel_calls(monkeypatch, "causal_conv_silu")
     y_plain, _ = conv(x)  # no SiLU: the shifted products
     assert_close(torch.nn.functional.silu(y_plain), conv(x, silu=True)[0], kind="kernel", what="y",
                  dtype=torch.float32)
-    assert calls == [1]
+    assert len(calls) == 1
     ref(x.double(), silu=True)  # float64
     monkeypatch.setenv(ENV_FORCE, "reference")
     conv(x, silu=True)
-    assert calls == [1]
+    assert len(calls) == 1
 
 
 def test_the_conv_blocks_call_it_and_match_the_pytorch_ops(monkeypatch):
@@ -130,10 +124,9 @@ def test_the_conv_blocks_call_it_and_match_the_pytorch_ops(monkeypatch):
         "type": "causal_lm", "vocab_size": 64, "dim": 32,
         "stack": {"type": "xlstm", "pattern": "ms", "blocks": blocks}}}))
     tokens = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(1))
-    calls = []
-    monkeypatch.setattr(layers, "causal_conv_silu", lambda *a: calls.append(a[0].shape) or causal_conv_silu(*a))
+    calls = kernel_calls(monkeypatch, "causal_conv_silu")
     logits, _ = model(tokens)
-    assert calls == [torch.Size([2, 40, 64]), torch.Size([2, 40, 32])]  # pre_up's inner width, post_up's dim
+    assert [shape for _, shape in calls] == [(2, 40, 64), (2, 40, 32)]  # pre_up's inner width, post_up's dim
     monkeypatch.setenv(ENV_FORCE, "reference")
     assert_close(logits, model(tokens)[0], kind="kernel", what="logits", dtype=torch.float32)
     assert len(calls) == 2

@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from xlstm_zoo.backends.cpp import build
-from xlstm_zoo.backends.cpp.head_norm_gate import (fused_head_norm_applies, fused_head_norm_gate_applies, head_norm,
+from kernel_calls import kernel_calls
+from xlstm_zoo import backends as ops
+from xlstm_zoo.backends.cpp.head_norm_gate import (head_norm,
                                                    head_norm_gate)
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.tolerances import assert_close
@@ -70,27 +72,26 @@ def test_the_same_bits_on_any_thread_count():
         assert all(torch.equal(x, y) for x, y in zip(results[0], other))
 
 
-def test_where_it_applies():
+def test_where_it_applies(monkeypatch):
     h, o, w = (t.detach() for t in inputs(2, 4, 8, 16, bias=False)[:3])
-    assert fused_head_norm_gate_applies(h, o, w, None)
-    assert not fused_head_norm_gate_applies(h[:, :, 0], o[:, 0], w, None)  # a step: the PyTorch ops
-    assert not fused_head_norm_gate_applies(h.double(), o.double(), w.double(), None)
-    assert not fused_head_norm_gate_applies(h, o[..., :32], w, None)
+    calls = kernel_calls(monkeypatch, "head_norm_gate")
+    ops.head_norm_gate(h, o, w)
+    ops.head_norm_gate(h.double(), o.double(), w.double())  # float64: the reference
+    assert calls == [(torch.float32, tuple(h.shape))]
+    with pytest.raises(ValueError, match=r"head_norm_gate: h \(2, 4, 8, 16\), o \(2, 8, 32\); expected h \[B, H, T, D\]"):
+        ops.head_norm_gate(h, o[..., :32], w)
 
 
 def test_the_7b_cell_uses_it_and_falls_back(monkeypatch):
-    import xlstm_zoo.cells.mlstm as mlstm
     from xlstm_zoo.recipe import build as build_recipe, load_recipe
     model = build_recipe(load_recipe("xlstm_7b_small", ["dim=32", "vocab_size=50", "stack.pattern=m"]))
     tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
-    calls = []
-    real = mlstm.head_norm_gate
-    monkeypatch.setattr(mlstm, "head_norm_gate", lambda *args: calls.append(1) or real(*args))
+    calls = kernel_calls(monkeypatch, "head_norm_gate")
     fused = model(tokens)[0]
-    assert calls == [1]
+    assert len(calls) == 1
     monkeypatch.setenv(ENV_FORCE, "reference")  # a forced backend: the PyTorch ops
     plain = model(tokens)[0]
-    assert calls == [1]
+    assert len(calls) == 1
     assert_close(fused, plain, kind="kernel", what="logits", dtype=torch.float32)
 
 
@@ -143,17 +144,17 @@ def test_the_multihead_layernorm_uses_it_and_falls_back(monkeypatch):
         norm.weight.copy_(1 + randn(32, seed=1))
         norm.bias.copy_(randn(32, seed=2))
     x = randn(2, 6, 32, seed=3)
-    assert fused_head_norm_applies(x, 4, norm.weight, norm.bias)
-    assert not fused_head_norm_applies(x.double(), 4, norm.weight.double(), norm.bias.double())
-    assert not fused_head_norm_applies(x[..., :30], 4, norm.weight, norm.bias)
-    calls = []
-    monkeypatch.setattr(norms, "head_norm", lambda *args: calls.append(1) or head_norm(*args))
+    calls = kernel_calls(monkeypatch, "head_norm")
     fused = norm(x)
-    assert calls == [1]
+    assert calls == [(torch.float32, (2, 6, 32))]
+    norm.double()(x.double())  # float64: the reference
+    norm.float()
     one_head = norms.MultiHeadLayerNorm(norms.MultiHeadLayerNormConfig(), BuildContext(dim=32, heads=1))
-    one_head(x)  # one head: torch's fused layer_norm, faster there
-    assert calls == [1]
+    one_head(x)  # one head: outside the kernel's limits (torch's fused layer_norm, faster there)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match=r"head_norm: weight \(32,\), bias \(32,\) for 30 features"):
+        ops.head_norm(x[..., :30], 2, norm.weight, norm.bias)
     monkeypatch.setenv(ENV_FORCE, "reference")  # a forced backend: the PyTorch ops
     plain = norm(x)
-    assert calls == [1]
+    assert len(calls) == 1
     assert_close(fused, plain, kind="kernel", what="y", dtype=torch.float32)

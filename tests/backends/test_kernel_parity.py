@@ -17,6 +17,10 @@ loss touching all of them (inputs and initial state), with :func:`xlstm_zoo.tole
 
 A kernel added to the catalog is parametrised here automatically; ``test_every_kernel_has_parity_cases``
 fails if its op form has no cases or no case fits its limits.
+
+The ops that are one call from tensors to tensors (the layers' passes, the LSTM on time-major tensors, the
+7B block step) have their own cases below (:data:`CALLS`): their reference kernels are held to formulas
+written out here (the 7B block step's to the block's own modules), every other kernel to the reference.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ SIG_SIG, SIG_EXP = GateSchemes("sigmoid", "sigmoid"), GateSchemes("sigmoid", "ex
 ALL_GATES = (EXP_SIG, EXP_EXP, SIG_SIG, SIG_EXP)
 # Kernels whose backward is not their own: gradients through them are the reference's by design.
 FORWARD_ONLY = {"mlstm.step--triton": "forward-only kernel (generation): with autograd on it calls the reference step",
+                "mlstm7b_block.step--cpp": "forward-only kernel (generation): the op serves steps without gradients",
+                "mlstm7b_block.step--reference": "the generation step's form: no gradients asked of it",
                 "mlstm.step--cpp": "forward-only kernel (generation): with autograd on it calls the reference step",
                 "linear.step--cpp": "forward-only kernel (generation): layers call it only when no gradient is wanted"}
 
@@ -106,6 +112,8 @@ CASES = {
 
 
 def cases_for(kernel) -> list[Case]:
+    if (kernel.op, kernel.form) in CALLS:
+        return CALLS[(kernel.op, kernel.form)]
     return CASES.get((kernel.op, "step" if kernel.form == "step" else "sequence"), [])
 
 
@@ -315,11 +323,185 @@ def runner(kernel_or_fn, op: str):
     return lambda x, W, b, state: (fn(x, W, b), ())
 
 
-def params():
+# -- one call from tensors to tensors: the layers' passes, the time-major LSTM, the 7B block step ------------
+
+@dataclass(frozen=True)
+class Call:
+    """One call of an op: ``make(dtype, generator) -> args`` (its tensors drawn in float64 and cast), and the
+    dispatcher's options for it (what the kernel's limits are checked against)."""
+
+    id: str
+    make: object
+    options: tuple = ()
+
+    @property
+    def options_dict(self) -> dict:
+        return {"readable": True, **dict(self.options)}
+
+
+def _draw(g, dtype, *shape, scale=1.0, shift=0.0):
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift).to(dtype)
+
+
+def _norm_args(rows, width, bias):
+    return lambda dtype, g: (_draw(g, dtype, *rows, width, scale=3), _draw(g, dtype, width, shift=1.0),
+                             _draw(g, dtype, width) if bias else None, 1e-5)
+
+
+def _head_norm_args(rows, heads, head_dim, bias):
+    def make(dtype, g):
+        x, w, b, eps = _norm_args(rows, heads * head_dim, bias)(dtype, g)
+        return x, heads, w, b, eps
+    return make
+
+
+def _head_norm_gate_args(B, H, T, D, bias):
+    return lambda dtype, g: (_draw(g, dtype, B, H, T, D, scale=2), _draw(g, dtype, B, T, H * D),
+                             _draw(g, dtype, H * D, shift=1.0), _draw(g, dtype, H * D) if bias else None, 1e-6)
+
+
+def _conv_args(B, T, C, K):
+    return lambda dtype, g: (_draw(g, dtype, B, T, C), _draw(g, dtype, B, K - 1, C), _draw(g, dtype, C, K),
+                             _draw(g, dtype, C))
+
+
+def _block_diagonal_args(lead, blocks, size_in, size_out, bias):
+    return lambda dtype, g: (_draw(g, dtype, *lead, blocks * size_in), _draw(g, dtype, blocks, size_in, size_out),
+                             _draw(g, dtype, blocks * size_out) if bias else None)
+
+
+def _time_major_args(T, H, B, Dh):
+    return lambda dtype, g: (_draw(g, dtype, T, H, B, 4 * Dh, scale=1.5), _draw(g, dtype, H, Dh, 4 * Dh, scale=Dh ** -0.5),
+                             _draw(g, dtype, H, B, Dh), _draw(g, dtype, H, B, Dh))
+
+
+def _block_args(batch, overrides=()):
+    """A 7B block of the zoo with every weight random (gates' projections and biases too), a prefix's state."""
+    def make(dtype, g):
+        from xlstm_zoo import build, load_recipe
+        torch.manual_seed(int(torch.randint(0, 1000, (1,), generator=g)))
+        model = build(load_recipe("xlstm_7b_small", ["dim=32", "vocab_size=16", "stack.pattern=m", *overrides]))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.3) if p.dim() == 1 else None
+        block = model.stack.blocks[0].to(dtype)
+        state = type(block.init_state(batch))(*(_draw(g, dtype, *t.shape, scale=0.5) for t in block.init_state(batch)))
+        return [block], _draw(g, dtype, batch, 32), [state], [block.step_sizes()]
+    return make
+
+
+CALLS = {
+    ("rms_norm", "layer"): [Call(f"rows{'x'.join(map(str, r))}-D{w}{'-bias' if b else ''}", _norm_args(r, w, b))
+                            for r, w, b in [((1,), 5, False), ((3, 7), 33, True), ((2, 40), 256, False)]],
+    ("head_norm", "layer"): [Call(f"rows{'x'.join(map(str, r))}-H{h}D{d}{'-bias' if b else ''}", _head_norm_args(r, h, d, b),
+                                  (("heads", h),))
+                             for r, h, d, b in [((2, 3), 4, 8, True), ((5,), 3, 17, False), ((2, 4), 1, 16, False)]],
+    ("head_norm_gate", "layer"): [Call(f"B{B}H{H}T{T}D{D}{'-bias' if b else ''}", _head_norm_gate_args(B, H, T, D, b))
+                                  for B, H, T, D, b in [(2, 4, 5, 8, True), (1, 3, 9, 17, False)]],
+    ("soft_cap", "layer"): [Call(f"{'x'.join(map(str, shape))}", lambda dtype, g, shape=shape: (_draw(g, dtype, *shape, scale=40), 30.0))
+                            for shape in [(7,), (3, 100), (2, 5, 33)]],
+    ("silu_gate", "layer"): [Call(f"{'x'.join(map(str, shape))}", lambda dtype, g, shape=shape: (_draw(g, dtype, *shape, scale=4),))
+                             for shape in [(1, 2), (3, 7, 34), (4, 130)]],
+    ("gelu_gate", "layer"): [Call(f"{'x'.join(map(str, shape))}", lambda dtype, g, shape=shape: (_draw(g, dtype, *shape, scale=4),))
+                             for shape in [(1, 2), (3, 7, 34), (4, 130)]],
+    ("causal_conv_silu", "layer"): [Call(f"B{B}T{T}C{C}K{K}", _conv_args(B, T, C, K))
+                                    for B, T, C, K in [(2, 7, 5, 4), (1, 1, 16, 2), (3, 20, 33, 3)]],
+    ("block_diagonal", "layer"): [Call(f"lead{'x'.join(map(str, lead))}-N{n}S{i}x{o}{'-bias' if b else ''}",
+                                       _block_diagonal_args(lead, n, i, o, b), (("block", i if i == o else 0), ("width", n * i)))
+                                  for lead, n, i, o, b in [((3,), 16, 4, 4, True), ((2, 5), 4, 8, 8, False),
+                                                           ((2,), 8, 2, 2, False), ((3,), 4, 3, 5, True)]],
+    ("lstm", "time_major"): [Call(f"T{T}H{H}B{B}D{D}", _time_major_args(T, H, B, D),
+                                  (("width", H * D), ("rows", B)))
+                             for T, H, B, D in [(9, 1, 2, 64), (1, 1, 4, 65), (5, 2, 3, 8)]],
+    ("mlstm7b_block", "step"): [Call(f"B{B}{'-' + '-'.join(o) if o else ''}", _block_args(B, o))
+                                for B, o in [(1, ()), (3, ("stack.blocks.m.cell.input_gate.type=sigmoid",
+                                                           "stack.blocks.m.mlp.activation=gelu", "stack.blocks.m.bias=true"))]],
+}
+
+
+def _textbook_head_norm(x, heads, w, b, eps):
+    xs = x.unflatten(-1, (heads, -1))
+    mean = xs.mean(-1, keepdim=True)
+    var = (xs - mean).square().mean(-1, keepdim=True)
+    y = ((xs - mean) / torch.sqrt(var + eps)).flatten(-2) * w
+    return y if b is None else y + b
+
+
+def _textbook_conv(x, state, w, b):
+    window, T, K = torch.cat([state, x], dim=1), x.shape[1], w.shape[1]
+    y = b + sum(window[:, k:k + T] * w[:, k] for k in range(K))
+    return y * torch.sigmoid(y)
+
+
+def _textbook_block_diagonal(x, w, b):
+    n, i, o = w.shape
+    y = torch.cat([x[..., j * i:(j + 1) * i] @ w[j] for j in range(n)], dim=-1)
+    return y if b is None else y + b
+
+
+def _textbook_time_major(W, R, c0, h0):
+    h, (c_T, h_T) = textbook_lstm(W.permute(2, 1, 0, 3), R, LSTMState(c0.transpose(0, 1), h0.transpose(0, 1)))
+    return h.permute(2, 1, 0, 3), c_T.transpose(0, 1), h_T.transpose(0, 1)
+
+
+def _the_blocks_own_modules(blocks, x, states, sizes):
+    """The 7B block's modules, every op on the reference backend (the op steps aside there)."""
+    os.environ["XLSTM_ZOO_BACKEND"] = "reference"
+    try:
+        new = []
+        for block, state in zip(blocks, states):
+            x, state = block.step(x, state)
+            new.append(state)
+    finally:
+        del os.environ["XLSTM_ZOO_BACKEND"]
+    return x, new
+
+
+CALL_TEXTBOOK = {
+    "rms_norm": lambda x, w, b, eps: x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w + (0 if b is None else b),
+    "head_norm": _textbook_head_norm,
+    "head_norm_gate": lambda h, o, w, b, eps: _textbook_head_norm(h.permute(0, 2, 1, 3).flatten(-2), h.shape[1], w, b, eps)
+    * torch.sigmoid(o),
+    "soft_cap": lambda x, cap: cap * torch.tanh(x / cap),
+    "silu_gate": lambda u: u.chunk(2, -1)[0] * torch.sigmoid(u.chunk(2, -1)[0]) * u.chunk(2, -1)[1],
+    "gelu_gate": lambda u: u.chunk(2, -1)[0] * 0.5 * (1 + torch.erf(u.chunk(2, -1)[0] / 2 ** 0.5)) * u.chunk(2, -1)[1],
+    "causal_conv_silu": _textbook_conv,
+    "block_diagonal": _textbook_block_diagonal,
+    "lstm": _textbook_time_major,
+    "mlstm7b_block": _the_blocks_own_modules,
+}
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    """Every tensor of an op's result (nested tuples and lists flattened)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for part in out for t in _tensors(part)] if isinstance(out, (tuple, list)) else []
+
+
+def _leaves(args) -> list[torch.Tensor]:
+    """The floating-point tensors among the arguments (not inside lists: the 7B block's are its weights)."""
+    return [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+
+def _run_call(fn, args, grad: bool, seed=99):
+    args = [a.detach().clone().requires_grad_(grad) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in args]
+    with nan_outputs(), torch.set_grad_enabled(grad):
+        outs = _tensors(fn(*args))
+    if not grad:
+        return outs, []
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)).sum() for o in outs)
+    with nan_outputs():
+        return outs, list(torch.autograd.grad(loss, _leaves(args)))
+
+
+def params(calls: bool = False):
     out = []
     for name, (backend, kernel) in KERNELS.items():
-        for case in cases_for(kernel):
-            out.append(pytest.param(name, case, id=f"{name}-{case.id}"))
+        if ((kernel.op, kernel.form) in CALLS) == calls:
+            out += [pytest.param(name, case, id=f"{name}-{case.id}") for case in cases_for(kernel)]
     return out
 
 
@@ -364,21 +546,22 @@ def test_kernel_matches_oracle(name, case):
 def test_every_kernel_has_parity_cases():
     """Each declared kernel has cases for its op form, at least one of them within its declared limits
     on a device it declares, and an oracle (the reference kernel of its op form, or the textbook)."""
-    assert {(op, "step" if form == "step" else "sequence") for op, form in SHAPES} <= set(CASES), \
-        "an op form of backends/kernel.py SHAPES has no parity cases in CASES"
+    assert {(op, "step" if form == "step" else "sequence") for op, form in SHAPES
+            if (op, form) not in CALLS} <= set(CASES), "an op form of backends/kernel.py SHAPES has no parity cases"
     for name, (backend, kernel) in KERNELS.items():
         cases = cases_for(kernel)
         assert cases, f"{name}: no parity cases for {kernel.op}.{kernel.form}"
         device = torch.device(kernel.devices[0] if kernel.devices else "cpu")
         dtype = torch.float64 if (not kernel.dtypes or torch.float64 in kernel.dtypes) else torch.float32
-        fits = [c for c in cases if kernel.supports(device, dtype, options(kernel, c))]
+        fits = [c for c in cases if kernel.supports(device, dtype, c.options_dict if isinstance(c, Call)
+                                                    else options(kernel, c))]
         assert fits, f"{name}: no parity case fits its declared limits"
         if kernel.impl != "reference":
             assert f"{kernel.op}.{kernel.form}--reference" in KERNELS, f"{name}: no reference kernel to compare with"
-        elif kernel.op not in TEXTBOOK:
+        elif kernel.op not in TEXTBOOK and (kernel.op, kernel.form) not in CALLS:
             raise AssertionError(f"{name}: no textbook recurrence for {kernel.op}")
-    # The parametrisation above is built from the same catalog: every kernel appears in it.
-    assert {p.values[0] for p in params()} == set(KERNELS)
+    # The parametrisations are built from the same catalog: every kernel appears in one.
+    assert {p.values[0] for p in params() + params(calls=True)} == set(KERNELS)
 
 
 def test_the_harness_catches_an_unwritten_element_and_a_small_error():
@@ -403,3 +586,29 @@ def test_the_harness_catches_an_unwritten_element_and_a_small_error():
         assert_close(got[1], want[1], kind="kernel", what="final c")  # the state is untouched
         with pytest.raises(AssertionError, match=r"h: \d+ of 510 elements differ"):
             assert_close(got[0], want[0], kind="kernel", what="h")
+
+
+@pytest.mark.parametrize("name, call", params(calls=True))
+def test_call_kernel_matches_oracle(name, call):
+    backend, kernel = KERNELS[name]
+    device, note = placement(backend, kernel)
+    if device is None or note == "interpreter":
+        pytest.skip(f"{name} does not run here: {note}")
+    dtype = torch.float64 if (not kernel.dtypes or torch.float64 in kernel.dtypes) else torch.float32
+    if not kernel.supports(device, dtype, call.options_dict):
+        pytest.skip(f"{name}: case outside the declared limits ({'; '.join(l.describe() for l in kernel.limits)})")
+    args = call.make(dtype, torch.Generator().manual_seed(1234))
+    if kernel.impl == "reference":
+        oracle, kind = CALL_TEXTBOOK[kernel.op], "form"
+    else:
+        oracle, kind = KERNELS[f"{kernel.op}.{kernel.form}--reference"][1].run, "kernel"
+    for grad in (False, True):
+        if grad and name in FORWARD_ONLY:
+            break
+        got, got_grads = _run_call(kernel.run, args, grad)
+        want, want_grads = _run_call(oracle, args, grad)
+        assert len(got) == len(want) and len(got_grads) == len(want_grads)
+        for i, (a, e) in enumerate(zip(got + got_grads, want + want_grads)):
+            what = f"output {i}" if i < len(got) else f"gradient of argument {i - len(got)}"
+            assert_close(a, e, kind=kind, what=f"{name} {call.id}{' (with autograd)' if grad else ''}: {what}",
+                         check_dtype=True)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_calls import kernel_calls
+from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.cpp import build
-from xlstm_zoo.backends.cpp.rms_norm import fused_rms_norm_applies, rms_norm
+from xlstm_zoo.backends.cpp.rms_norm import rms_norm
 from xlstm_zoo.backends.cpp.soft_cap import soft_cap
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.config import BuildContext
@@ -68,11 +70,9 @@ def test_rms_norm_strided_input_and_threads():
 
 def test_rms_norm_layer_uses_the_kernel_only_where_it_applies(monkeypatch):
     norm = RMSNorm(RMSNormConfig(eps=1e-6), BuildContext(dim=16))
-    calls = []
-    import xlstm_zoo.norms as norms
-    monkeypatch.setattr(norms, "rms_norm", lambda *args: calls.append(args[0].dtype) or eager_rms_norm(*args))
+    calls = kernel_calls(monkeypatch, "rms_norm")
     norm(randn(2, 3, 16))
-    assert calls == [torch.float32]
+    assert calls == [(torch.float32, (2, 3, 16))]
     norm.double()(randn(2, 3, 16, dtype=torch.float64))  # float64: the PyTorch ops
     assert len(calls) == 1
     monkeypatch.setenv(ENV_FORCE, "reference")  # a forced backend: the PyTorch ops
@@ -86,15 +86,16 @@ def test_rms_norm_layer_matches_its_pytorch_ops():
         norm.weight.copy_(1 + randn(24, seed=5))
         norm.bias.copy_(randn(24, seed=6))
     x = randn(4, 9, 24, scale=2)
-    assert fused_rms_norm_applies(x, norm.weight, norm.bias)
     from xlstm_zoo.norms import _Norm
     assert_close(norm(x), _Norm.forward(norm, x), kind="kernel", what="RMSNorm", dtype=torch.float32)
 
 
-def test_rms_norm_does_not_apply_to_mismatched_weights():
-    assert not fused_rms_norm_applies(randn(2, 8), randn(4), None)
-    assert not fused_rms_norm_applies(randn(2, 8), randn(8, dtype=torch.float64), None)
-    assert not fused_rms_norm_applies(randn(2, 8, dtype=torch.float64), randn(8), None)
+def test_rms_norm_names_mismatched_weights_and_keeps_mixed_dtypes_off_the_kernel(monkeypatch):
+    with pytest.raises(ValueError, match=r"rms_norm: weight \(4,\), bias None for 8 features; expected weight and bias \[D\]"):
+        ops.rms_norm(randn(2, 8), randn(4))
+    calls = kernel_calls(monkeypatch, "rms_norm")
+    mixed = ops.rms_norm(randn(2, 8), randn(8, dtype=torch.float64))  # the kernel reads one dtype: the reference
+    assert calls == [] and mixed.dtype == torch.float32
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 1000), (2, 300, 1000)])
@@ -120,24 +121,18 @@ def test_soft_cap_strided_input_a_second_derivative_and_fallbacks(monkeypatch):
     (dx,) = torch.autograd.grad(soft_cap(x, 15.0).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="does not require grad|once_differentiable"):
         dx.sum().backward()
+    calls = kernel_calls(monkeypatch, "soft_cap")
     x64 = randn(3, 4, dtype=torch.float64, scale=20)
-    assert torch.equal(soft_cap(x64, 15.0), 15.0 * torch.tanh(x64 / 15.0))
+    assert torch.equal(ops.soft_cap(x64, 15.0), 15.0 * torch.tanh(x64 / 15.0))
     monkeypatch.setenv(ENV_FORCE, "reference")
     x32 = randn(3, 4, scale=20)
-    assert torch.equal(soft_cap(x32, 15.0), 15.0 * torch.tanh(x32 / 15.0))
+    assert torch.equal(ops.soft_cap(x32, 15.0), 15.0 * torch.tanh(x32 / 15.0))
+    assert calls == []
 
 
 def test_the_gates_and_the_language_model_call_the_soft_cap(monkeypatch):
-    import xlstm_zoo.gates as gates
-    import xlstm_zoo.models.lm as lm
     from xlstm_zoo.recipe import build as build_recipe, load_recipe
-    caps = []
-
-    def spy(x, cap):
-        caps.append(cap)
-        return cap * torch.tanh(x / cap)
-    monkeypatch.setattr(gates, "soft_cap", spy)
-    monkeypatch.setattr(lm, "soft_cap", spy)
+    calls = kernel_calls(monkeypatch, "soft_cap")
     model = build_recipe(load_recipe("xlstm_7b_small", ["dim=32", "vocab_size=50", "stack.pattern=m"]))
     model(torch.randint(0, 50, (1, 8)))
-    assert sorted(set(caps)) == sorted({15.0, model.config.logit_softcap})
+    assert sorted(shape for _, shape in calls) == [(1, 8, 4), (1, 8, 4), (1, 8, 50)]  # two gates (4 heads), logits

@@ -1,6 +1,6 @@
-"""A one-head float32 LSTM cell with a few rows (``LOOP_MAX_BATCH``) of at least ``LOOP_MIN_DIM`` units runs
-the C++ loops on a time-major input projection: same outputs, state and gradients as torch's LSTM path
-(which tests/zoo/test_lstm_cell_fused.py checks against the reference loop), and only where the rule says."""
+"""A one-head float32 LSTM cell within the ``lstm.time_major--cpp`` kernel's limits (a few rows, at least 64
+units) runs the C++ loops on a time-major input projection: same outputs, state and gradients as torch's LSTM
+path (which tests/zoo/test_lstm_cell_fused.py checks against the reference loop), and only where the limits say."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ import pytest
 import torch
 
 from xlstm_zoo.backends.cpp import build
+from xlstm_zoo.backends.cpp.lstm import TIME_MAJOR_KERNEL
 from xlstm_zoo.backends.dispatch import ENV_FORCE
-from xlstm_zoo.cells.lstm import LOOP_MAX_BATCH, LOOP_MIN_DIM, LSTMCell, LSTMCellConfig
+from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
 from xlstm_zoo.config import BuildContext
 from xlstm_zoo.tolerances import assert_close
 
 pytestmark = pytest.mark.skipif(build.unavailable_reason() is not None, reason="needs the C++ kernels built")
 
-DIM = LOOP_MIN_DIM
+LIMITS = {limit.option: limit for limit in TIME_MAJOR_KERNEL.limits}
+DIM, LOOP_MAX_BATCH = LIMITS["width"].low, LIMITS["rows"].high
 
 
 def cell(dim=DIM, **config):

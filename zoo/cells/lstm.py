@@ -9,8 +9,6 @@ import torch
 from pydantic import Field, model_validator
 
 from xlstm_zoo import backends as ops
-from xlstm_zoo.backends.cpp.build import direct_call_allowed
-from xlstm_zoo.backends.cpp.lstm import lstm_time_major
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
 from xlstm_zoo.cells.slstm import assemble_wx
@@ -22,19 +20,6 @@ from xlstm_zoo.registry import component
 # Above this width a block-diagonal recurrence stays on the op: torch's LSTM has only a full recurrent
 # matrix, so the zeros between heads cost heads-times the recurrent matmul work.
 ATEN_MAX_BLOCKDIAG_DIM = 256
-# Where the op's C++ loops serve (float32 on the CPU, the library built), a block-diagonal cell of at least
-# LOOP_MIN_DIM units takes them from this width down too: 4 heads with a value input (the LSTM block),
-# B=4 T=1024 d=128, forward 15.7 -> 10.0 ms and forward+backward 53.6 -> 27.0 ms; B=16 T=256 d=256 32.2 ->
-# 22.0 and 110.8 -> 65.6 ms; at d=64 the two are on par, at d=32 torch's is ahead (B=32 T=20: 0.46 vs
-# 0.77 ms forward), so narrower cells stay on it (Intel Xeon, 2 threads; docs/performance.md).
-# A one-head float32 cell on the CPU with at most LOOP_MAX_BATCH rows of at least LOOP_MIN_DIM units runs
-# our C++ loop on a time-major input projection (see _loop_sequence) rather than torch's LSTM. There the
-# per-token work is small and oneDNN's per-step cost shows: B=4 T=1024 d=128 forward+backward 25 vs 31.6 ms,
-# B=2 T=1024 d=128 15.8 vs 24.0, B=4 T=512 d=256 35.8 vs 40.8. At B=8 the two are on par (d=128: 24.5 vs
-# 25.9, forward 8.7 vs 8.4) and from B=16 or at d=32 torch's is ahead (B=128 T=20 d=32: 2.7 vs 2.1 ms), so
-# those stay on it (measured on an Intel Xeon, 2 threads; docs/performance.md).
-LOOP_MAX_BATCH = 4
-LOOP_MIN_DIM = 64
 
 
 class LSTMCellConfig(ZooConfig):
@@ -77,8 +62,8 @@ class LSTMCell(Cell):
 
     def _aten_eligible(self, x, value_input) -> bool:
         """fp32/fp64, no forced backend (config or XLSTM_ZOO_BACKEND), one head or a small block-diagonal
-        recurrence (narrower than LOOP_MIN_DIM where the C++ loops serve): torch's fused LSTM (oneDNN on
-        CPU) computes this cell, faster than a loop over time."""
+        recurrence (one the compiled loops do not take: the ``lstm_time_major`` kernel's width limit): torch's
+        fused LSTM (oneDNN on CPU) computes this cell, faster than a loop over time."""
         return (self.config.backend is None and not os.environ.get(ENV_FORCE) and x.dim() == 3
                 and not torch.is_autocast_enabled(x.device.type)  # autocast would run torch.lstm in bf16
                 and (self.num_heads == 1 or self._blockdiag_on_aten(x))
@@ -87,7 +72,7 @@ class LSTMCell(Cell):
     def _blockdiag_on_aten(self, x) -> bool:
         if self.out_dim > ATEN_MAX_BLOCKDIAG_DIM:
             return False
-        return self.out_dim < LOOP_MIN_DIM or not direct_call_allowed(x, self.R)  # (see LOOP_MIN_DIM above)
+        return not ops.accelerated("lstm_time_major", x, self.R, width=self.out_dim)
 
     def _aten_weights(self, value_input):
         """torch.lstm's (w_ih, w_hh, b_ih), joined at compute time from our parameters (which, and their
@@ -117,11 +102,11 @@ class LSTMCell(Cell):
         return h, ops.LSTMState(c_n.reshape(heads), h_n.reshape(heads))
 
     def _loop_eligible(self, x, value_input) -> bool:
-        """One head of at least LOOP_MIN_DIM float32 units on the CPU, at most LOOP_MAX_BATCH rows, x alone
-        feeding the gates, no forced backend, nothing compiling, tracing or exporting, the C++ kernels built."""
-        return (self.num_heads == 1 and self.out_dim >= LOOP_MIN_DIM and value_input is None and x.dim() == 3
-                and x.shape[0] <= LOOP_MAX_BATCH and self.config.backend is None
-                and not torch.is_autocast_enabled("cpu") and direct_call_allowed(x, self.R))
+        """One head, x alone feeding the gates, no backend forced on the cell, and a compiled ``lstm_time_major``
+        kernel that takes this width and these rows (its limits say where it beats torch's LSTM)."""
+        return (self.num_heads == 1 and value_input is None and x.dim() == 3 and self.config.backend is None
+                and not torch.is_autocast_enabled("cpu")
+                and ops.accelerated("lstm_time_major", x, self.R, width=self.out_dim, rows=x.shape[0]))
 
     def _loop_sequence(self, x, state):
         """The input projection of all tokens as one GEMM written time-major, then the C++ loops on it as it
@@ -132,7 +117,7 @@ class LSTMCell(Cell):
         if state is None:
             state = self.init_state(B, x.device)
         c0, h0 = (s.transpose(0, 1) for s in state)  # [B, 1, D] -> [1, B, D]
-        h, c_T, h_T = lstm_time_major(wx, self.R, c0, h0)
+        h, c_T, h_T = ops.lstm_time_major(wx, self.R, c0, h0, rows=B)
         return h[:, 0].transpose(0, 1), ops.LSTMState(c_T.transpose(0, 1), h_T.transpose(0, 1))
 
     def forward(self, x, state=None, *, value_input=None):

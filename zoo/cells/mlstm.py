@@ -8,7 +8,6 @@ import torch
 from pydantic import Field
 
 from xlstm_zoo import backends as ops
-from xlstm_zoo.backends.cpp.head_norm_gate import fused_head_norm_gate_applies, head_norm_gate
 from xlstm_zoo.cells.base import Cell, gate_heads, merge_heads, split_heads
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.gates import default_forget_gate, default_input_gate
@@ -76,12 +75,9 @@ class MLSTMCell(Cell):
     def _output(self, h, x):
         if self.o is None:
             return self.norm(merge_heads(h))
-        o = self.o(x)
-        # The 7B layout's per-head LayerNorm times the output gate: one compiled pass each way on float32
-        # CPU sequences (backends/cpp/head_norm_gate.py), reading h head-major as the mLSTM leaves it.
-        norm = self.norm
-        if type(norm) is MultiHeadLayerNorm and fused_head_norm_gate_applies(h, o, norm.weight, norm.bias):
-            return head_norm_gate(h, o, norm.weight, norm.bias, norm.eps)
+        o, norm = self.o(x), self.norm
+        if type(norm) is MultiHeadLayerNorm and h.dim() == 4:  # a sequence: one op reads h head-major
+            return ops.head_norm_gate(h, o, norm.weight, norm.bias, norm.eps)
         return norm(merge_heads(h)) * torch.sigmoid(o)
 
     def forward(self, x, state=None, *, value_input=None):

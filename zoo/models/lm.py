@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.backends.cpp.soft_cap import soft_cap
+from xlstm_zoo import backends as ops
 from xlstm_zoo.compiling import compile_or_eager
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.errors import InputError
@@ -86,8 +86,8 @@ class CausalLM(nn.Module):
         if compiling fails. A step issues a few hundred small ops; fused, they cost less than their
         dispatch (see docs/performance.md for what it buys per size)."""
         if self._compiled_step is None:
-            # cpp_wrapper: the compiled graph is launched from C++, not Python; 1.1-1.5x faster per
-            # step than inductor's Python wrapper in the 7B-layout bench cases (d=256-1024, B=1/16).
+            # cpp_wrapper: the compiled graph is launched from C++, not Python: faster per step than
+            # inductor's Python wrapper (docs/performance.md).
             compiled = compile_or_eager(self.step, what="the generation step (causal_lm.step)",
                                         options={"cpp_wrapper": True})
 
@@ -101,7 +101,7 @@ class CausalLM(nn.Module):
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         logits, cap = self.head(h), self.config.logit_softcap
-        return logits if cap is None else soft_cap(logits, cap)
+        return logits if cap is None else ops.soft_cap(logits, cap)
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
