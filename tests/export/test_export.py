@@ -137,7 +137,8 @@ def test_every_shipped_recipe_has_a_step_signature(recipe):
     assert len(set(sig.state_names)) == len(sig.state_names)
     assert {n.split(".")[0] for n in sig.state_names} == {f"block{i}" for i in range(blocks)}
     for name in sig.state_names:
-        assert re.fullmatch(r"block\d+\.(conv|(lstm|slstm|mlstm)\.(C|n|m|c|h))", name), name
+        assert re.fullmatch(r"block\d+\.(conv|(lstm|slstm|mlstm)\.(C|n|m|c|h)|attention\.(k|v|pos)|mamba\.(conv|ssm))",
+                            name), name
     gen = torch.Generator().manual_seed(0)
     x, states = sig.example_input(2, gen), sig.random_state(2, gen)
     with torch.no_grad():

@@ -11,7 +11,7 @@ per (channel, state) and the scan cannot become matrix products (Mamba-2's scala
 Two exact forms: ``sequential`` (the recurrence token by token, the reference) and ``chunked``
 (default): every chunk runs the recurrence from a zero state, all chunks at once (``L`` steps);
 the chunk start states follow from the chunks' total decays (``T / L`` steps); each token then adds
-its chunk's start state decayed by ``exp(cumsum(dt A))``. About ``2 sqrt(T)`` sequential steps
+its chunk's start state times the product of the decays since the chunk began. About ``2 sqrt(T)`` sequential steps
 instead of ``T``. The state is ``(conv window, ssm state)``.
 """
 
@@ -150,19 +150,19 @@ def chunked_scan(u, dt, A, B, C, h0, chunk_size=None):
     def blocks(t):  # [B, T, X] -> [B, chunks, L, X]
         return F.pad(t, (0, 0, 0, pad)).unflatten(1, (chunks, L))
     dt_, u_, B_, C_ = blocks(dt), blocks(u), blocks(B), blocks(C)
-    log_decay = dt_[..., None] * A  # [B, c, L, E, N], <= 0
+    decay = torch.exp(dt_[..., None] * A)  # [B, c, L, E, N], in (0, 1]
     inputs = (dt_ * u_)[..., None] * B_[:, :, :, None, :]
-    decay = torch.exp(log_decay)
-    local, h = [], torch.zeros_like(inputs[:, :, 0])
-    for i in range(L):  # every chunk from a zero state, at once
+    C_ = C_[..., None].to(decay.dtype)  # [B, c, L, N, 1]
+    h, within, local_y, decays = torch.zeros_like(inputs[:, :, 0]), None, [], []
+    for i in range(L):  # every chunk from a zero state, at once; and the decay from each chunk's start
         h = decay[:, :, i] * h + inputs[:, :, i]
-        local.append(h)
-    local = torch.stack(local, dim=2)
-    within = torch.exp(torch.cumsum(log_decay, dim=2))  # decay from the chunk start to each token
-    starts, h = [], h0
+        within = decay[:, :, i] if within is None else within * decay[:, :, i]
+        local_y.append((h @ C_[:, :, i])[..., 0])
+        decays.append(within)
+    starts, carry = [], h0
     for c in range(chunks):  # chunk start states, in order
-        starts.append(h)
-        h = within[:, c, -1] * h + local[:, c, -1]
-    states = local + within * torch.stack(starts, dim=1)[:, :, None]
-    y = (states @ C_[..., None].to(states.dtype))[..., 0].flatten(1, 2)
-    return y[:, :T], h
+        starts.append(carry)
+        carry = within[:, c] * carry + h[:, c]
+    starts = torch.stack(starts, dim=1)  # [B, c, E, N]
+    y = torch.stack([local_y[i] + ((decays[i] * starts) @ C_[:, :, i])[..., 0] for i in range(L)], dim=2)
+    return y.flatten(1, 2)[:, :T], carry
