@@ -19,6 +19,7 @@ fp32, CPU), :data:`QUICK` the same with fewer sweep points, :data:`SMOKE` tiny s
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -602,7 +603,6 @@ def _transformers():
         import transformers
     except ImportError:
         raise BaselineUnavailable("transformers is not installed (pip install 'xlstm-zoo[test]')") from None
-    import logging
     logging.getLogger("transformers").setLevel(logging.ERROR)  # its "falling back to the reference scan" notes
     return transformers
 
@@ -625,7 +625,7 @@ class _HFLlamaLayer(torch.nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding  # optional: test dependency
         self.layer, self.rotary = LlamaDecoderLayer(config, 0), LlamaRotaryEmbedding(config)
 
     def forward(self, x):
@@ -638,7 +638,7 @@ def _hf_layer(kind: str, scale: Scale) -> torch.nn.Module:
     torch.manual_seed(scale.seed)
     if kind == "attention":
         return _HFLlamaLayer(config)
-    from transformers.models.mamba.modeling_mamba import MambaBlock
+    from transformers.models.mamba.modeling_mamba import MambaBlock  # optional: test dependency
     block = MambaBlock(config, 0)
     torch.nn.init.ones_(block.mixer.D)  # HF fills these in its model's init, not the block's
     with torch.no_grad():
