@@ -4,8 +4,9 @@
     xlstm_zoo.save_pretrained(model, "out/", layout="zoo")   # recipe.yaml + model.safetensors
     xlstm_zoo.save_pretrained(model, "out-hf/", layout="hf") # loads with transformers' from_pretrained
 
-Layouts (:mod:`.sources`): Hugging Face ``xLSTMForCausalLM`` and ``RwkvForCausalLM`` (:mod:`.rwkv`), the official ``xlstm_large``
-directories (:mod:`.large`), official NeurIPS ``xLSTMLMModel`` state dicts (:mod:`.neurips`), and
+Layouts (:mod:`.sources`): Hugging Face ``xLSTMForCausalLM`` and the official ``xlstm_large``
+directories (:mod:`.large`), Hugging Face ``RwkvForCausalLM`` (:mod:`.rwkv`), ``LlamaForCausalLM`` and
+``MambaForCausalLM`` (:mod:`.baselines`), official NeurIPS ``xLSTMLMModel`` state dicts (:mod:`.neurips`), and
 our own (:mod:`.zoo_layout`). Every conversion is strict (:mod:`.mapping`); the model is built on
 ``meta`` and filled one tensor at a time (:mod:`.load`). docs/pretrained.md lists every key.
 """
@@ -19,7 +20,7 @@ from torch import nn
 
 from xlstm_zoo.checkpoint import atomic_write, json_text, recipe_text, replace_directory
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.pretrained import large, neurips, rwkv, zoo_layout
+from xlstm_zoo.pretrained import baselines, large, neurips, rwkv, zoo_layout
 from xlstm_zoo.pretrained.load import build_meta, load_into
 from xlstm_zoo.pretrained.mapping import MappingError, Rule
 from xlstm_zoo.pretrained.sources import LAYOUTS, Opened, open_checkpoint
@@ -41,6 +42,8 @@ class Plan:
         layout, source, config = opened.layout, opened.source, self.recipe.model
         if _is_hf_rwkv(opened):
             self.rules, self.ignored = rwkv.rules(source, config), set()
+        elif is_baseline(opened):
+            self.rules, self.ignored = baselines.rules(source, opened.config, config), set()
         elif layout in ("hf", "xlstm_large"):
             self.rules, self.ignored = large.rules(source, layout, config), set()
         elif layout == "neurips":
@@ -55,11 +58,18 @@ class Plan:
                  r.target, r.note) for r in self.rules]
 
 
+def is_baseline(opened: Opened) -> bool:
+    """A Hugging Face Llama or Mamba directory (:mod:`.baselines`)."""
+    return opened.layout == "hf" and opened.config.get("model_type") in baselines.MODEL_TYPES
+
+
 def plan(path, *, layout: str = "auto", config=None) -> Plan:
     """Open ``path`` and work out the conversion without reading any tensor data."""
     opened = open_checkpoint(path, layout=layout, config=config)
     if _is_hf_rwkv(opened):
         data = rwkv.recipe(opened.config, opened.source, opened.name)
+    elif is_baseline(opened):
+        data = baselines.recipe(opened.config, opened.source, opened.name)
     elif opened.layout in ("hf", "xlstm_large"):
         data = large.recipe(opened.config, opened.source, opened.layout, opened.name)
     elif opened.layout == "neurips":
@@ -110,7 +120,9 @@ def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", max_sha
             files.extend(zoo_layout.write(tmp, recipe_yaml, model))
             _write_provenance(tmp, model, files)
     elif layout == "hf":
-        config, state = (rwkv.hf_export if rwkv.is_rwkv(model.config) else large.hf_export)(model)  # refused before anything is written
+        export = (rwkv.hf_export if rwkv.is_rwkv(model.config) else
+                  baselines.hf_export if baselines.model_type_of(model) else large.hf_export)
+        config, state = export(model)  # refused before anything is written
         provenance = getattr(model, "provenance", None) or {}
         generation = provenance.get("generation") or {}
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):

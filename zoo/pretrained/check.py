@@ -28,6 +28,9 @@ def require(opened: Opened) -> None:
             raise ConfigError("--check of an RWKV checkpoint needs transformers (pip install transformers)") from None
         return
     official_module = "xlstm.xlstm_large.model" if opened.layout in ("hf", "xlstm_large") else "xlstm"
+    if opened.layout == "hf" and opened.config.get("model_type") != "xlstm":
+        raise ConfigError(f"--check compares with the official xLSTM code; a {opened.config.get('model_type')} "
+                          "checkpoint is checked against transformers in tests/zoo/pretrained/test_baselines.py")
     if opened.layout == "zoo":
         raise ConfigError("--check compares with the official implementation; an xlstm-zoo directory has none")
     if opened.layout == "neurips" and not opened.config:
