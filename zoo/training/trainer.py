@@ -26,6 +26,7 @@ from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import parameter_roles
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
+from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog
 from xlstm_zoo.training.schedule import lr_factor
@@ -138,10 +139,10 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
             model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
         forward.register_comm_hook(None, sum_hook)
 
-    start = 0
+    start, stopped = 0, False
     found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
     if found is not None:
-        start = _resume(found, recipe, model, optimizer, log, ctx.world)
+        start, stopped = _resume(found, recipe, model, optimizer, log, ctx.world)
     ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
 
     bar = progress.add_task(description, total=cfg.steps, completed=start, info="") if progress else None
@@ -149,10 +150,11 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
     # Listed once for the gradient clipping: model.parameters() walks every submodule each time (~0.1 ms
     # of a quick-grid cell's 7 ms step).
     parameters = list(model.parameters())
+    stopper, done, scores = EarlyStopper(cfg.early_stop), start, None
     tokens_seen, t0, last_loss = 0, time.perf_counter(), float("nan")
     safe, saved = start, start  # weights, optimizer and metrics.jsonl are exactly those after `safe` steps
     try:
-        for step in range(start, cfg.steps):
+        for step in range(start, start if stopped else cfg.steps):  # a run that stopped early stays stopped
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
             batch = task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(device)
@@ -184,9 +186,11 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                     log.write({"step": done, "split": "train", "loss": last_loss,
                                "lr": optimizer.param_groups[0]["lr"]})
                 if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                    for split in cfg.eval_splits:
-                        log.write({"step": done, "split": split, **evaluate(model, task, split, device=device,
-                                                                            precision=cfg.precision, ctx=ctx)})
+                    scores = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
+                              for split in cfg.eval_splits}
+                    for split, metrics in scores.items():
+                        log.write({"step": done, "split": split, **metrics})
+                    stopped = stopper.reached(scores)  # every rank sees the same scores, so all stop together
                 due = cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps
                 if run_dir is not None and ctx.is_main and due:
                     save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done)
@@ -195,22 +199,29 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                     rate = tokens_seen / max(time.perf_counter() - t0, 1e-9)
                     progress.update(bar, completed=done, info=f"loss {last_loss:.3f}  {rate:,.0f} tok/s")
                 safe = done
+            if stopped:
+                log.write({"step": done, "event": "early_stop"})
+                break
     except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
         if run_dir is not None and ctx.is_main and safe is not None and safe > saved:
             save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=safe)
             log.write({"step": safe, "event": "interrupted"})
         raise
 
-    final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
-             for split in cfg.eval_splits}
-    for split, metrics in final.items():
-        log.write({"step": cfg.steps, "split": split, **metrics})
+    if stopped and scores is not None:  # evaluated and logged at the step it stopped
+        final = scores
+    else:
+        final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
+                 for split in cfg.eval_splits}
+        for split, metrics in final.items():
+            log.write({"step": done, "split": split, **metrics})
     if run_dir is not None and ctx.is_main:
-        save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=cfg.steps)
+        save_checkpoint(run_dir / CHECKPOINT, recipe, model, optimizer=optimizer.state_dict(), step=done,
+                        **({"stopped_early": True} if stopped else {}))
     if bar is not None:
         progress.remove_task(bar)
-    return {"steps": cfg.steps, "final_train_loss": last_loss, "metrics": final,
-            "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
+    return {"steps": done, **({"stopped_early": True} if stopped else {}), "final_train_loss": last_loss,
+            "metrics": final, "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
 
 
 @contextlib.contextmanager
@@ -258,7 +269,7 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
     return all_reduce_sum(total, ctx) / scored
 
 
-def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> int:
+def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> tuple[int, bool]:
     saved_recipe, saved_model, extra = load_checkpoint(path)
     if saved_recipe.model_dump(exclude={"launch"}) != recipe.model_dump(exclude={"launch"}):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
@@ -269,6 +280,6 @@ def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 
     step = int(extra.get("step", 0))
     log.truncate_after(step)
     log.write({"step": step, "event": "resumed", **({"world_size": world} if world > 1 else {})})
-    return step
+    return step, bool(extra.get("stopped_early"))
 
 
