@@ -12,7 +12,7 @@ from pydantic import create_model
 from xlstm_zoo import gates, norms, stacks
 from xlstm_zoo.backends.catalog import BUILTIN_BACKENDS
 from xlstm_zoo.blocks import mlstm_7b, plain, post_up, pre_up, residual
-from xlstm_zoo.cells import lstm, mlstm, slstm
+from xlstm_zoo.cells import attention, lstm, mamba, mlstm, slstm
 from xlstm_zoo.commands import bench, components, doctor, export, main_job, plugins, pretrained, recipes
 from xlstm_zoo.config import ZooConfig
 from xlstm_zoo.models import classifier, lm
@@ -21,7 +21,7 @@ from xlstm_zoo.registry import tagged_components
 from xlstm_zoo.tasks import formal_cf, formal_cs, formal_regular, retrieval, text
 
 COMMAND_MODULES = (components, recipes, main_job, bench, plugins, doctor, export, pretrained)
-COMPONENT_MODULES = (lstm, slstm, mlstm, gates, norms, plain, residual, pre_up, post_up, mlstm_7b, stacks, lm,
+COMPONENT_MODULES = (lstm, slstm, mlstm, attention, mamba, gates, norms, plain, residual, pre_up, post_up, mlstm_7b, stacks, lm,
                      classifier, formal_regular, formal_cf, formal_cs, retrieval, text)
 
 

@@ -137,7 +137,8 @@ def test_every_shipped_recipe_has_a_step_signature(recipe):
     assert len(set(sig.state_names)) == len(sig.state_names)
     assert {n.split(".")[0] for n in sig.state_names} == {f"block{i}" for i in range(blocks)}
     for name in sig.state_names:
-        assert re.fullmatch(r"block\d+\.(conv|(lstm|slstm|mlstm)\.(C|n|m|c|h))", name), name
+        assert re.fullmatch(r"block\d+\.(conv|(lstm|slstm|mlstm)\.(C|n|m|c|h)|attention\.(k|v|pos)|mamba\.(conv|ssm))",
+                            name), name
     gen = torch.Generator().manual_seed(0)
     x, states = sig.example_input(2, gen), sig.random_state(2, gen)
     with torch.no_grad():
@@ -238,6 +239,46 @@ def test_bare_cell_exports_and_matches_pytorch(tmp_path, cell):
     assert sig.state_names == [f"{cell}.{f}" for f in CELL_FIELDS[cell]]
     assert_validated(result)
     assert result.report.trt.ok, result.report.trt.summary()
+
+
+BASELINE_BLOCKS = {  # a Llama layer (attention + SwiGLU) and a Mamba layer, as the shipped recipes build them
+    "a": {"type": "residual", "norm": {"type": "rmsnorm"}, "mlp": {"activation": "silu"}, "mlp_norm": {"type": "rmsnorm"},
+          "cell": {"type": "attention", "num_heads": 4, "num_kv_heads": 2, "max_cache": 512}},
+    "y": {"type": "residual", "norm": {"type": "rmsnorm"}, "cell": {"type": "mamba", "state_size": 8}},
+}
+
+
+def test_attention_and_mamba_blocks_export_and_match_over_300_steps(tmp_path):
+    """The fixed-size cache keeps the attention step's shapes static: 300 steps from the zero state and
+    from a random one (at most max_cache / 4 tokens in) stay within the cache and match PyTorch."""
+    torch.manual_seed(0)
+    model = build_recipe(load_recipe({"name": "baselines", "model": {
+        "type": "causal_lm", "vocab_size": 64, "dim": DIM, "stack": {"type": "xlstm", "pattern": "ay",
+                                                                    "blocks": BASELINE_BLOCKS}}}))
+    result = export_step(model, tmp_path, batch=BATCH, rollout_steps=300, threads=1, source="baselines")
+    assert result.signature.state_names == ["block0.attention.k", "block0.attention.v", "block0.attention.pos",
+                                            "block1.mamba.conv", "block1.mamba.ssm"]
+    assert_validated(result, rollout_steps=300)
+    assert result.report.trt.ok, result.report.trt.summary()
+
+
+def test_exported_attention_step_past_its_cache_gives_nan(tmp_path):
+    """An exported graph cannot raise: a step with the cache full outputs NaN rather than a silently
+    truncated attention (eagerly it is a ConfigError naming max_cache)."""
+    torch.manual_seed(0)
+    cell = build(registry.get("cell", "attention").config(max_cache=4), BuildContext(dim=16, path="cell"), "cell")
+    result = export_step(cell, tmp_path, batch=(1, 2, 3), rollout_steps=0, threads=1)
+    sig = result.signature
+    x = torch.randn(2, 16)
+    state = [s.numpy() for s in sig.zero_state(2)]
+    ort_step = OrtStep(result.onnx_path, sig)
+    for _ in range(4):
+        y, state = ort_step(x.numpy(), state)
+        assert np.isfinite(y).all()
+    y, _ = ort_step(x.numpy(), state)
+    assert np.isnan(y).all()
+    with pytest.raises(ConfigError, match="max_cache=4"):
+        cell.step(x, sig.unflatten([torch.from_numpy(s) for s in state]))
 
 
 def test_validation_catches_a_model_that_differs(cell_exports):

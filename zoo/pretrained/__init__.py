@@ -5,7 +5,7 @@
     xlstm_zoo.save_pretrained(model, "out-hf/", layout="hf") # loads with transformers' from_pretrained
 
 Layouts (:mod:`.sources`): Hugging Face ``xLSTMForCausalLM`` and the official ``xlstm_large``
-directories (:mod:`.large`), official NeurIPS ``xLSTMLMModel`` state dicts (:mod:`.neurips`), and
+directories (:mod:`.large`), Hugging Face ``LlamaForCausalLM`` and ``MambaForCausalLM`` (:mod:`.baselines`), official NeurIPS ``xLSTMLMModel`` state dicts (:mod:`.neurips`), and
 our own (:mod:`.zoo_layout`). Every conversion is strict (:mod:`.mapping`); the model is built on
 ``meta`` and filled one tensor at a time (:mod:`.load`). docs/pretrained.md lists every key.
 """
@@ -20,7 +20,7 @@ from torch import nn
 
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.pretrained import large, neurips, zoo_layout
+from xlstm_zoo.pretrained import baselines, large, neurips, zoo_layout
 from xlstm_zoo.pretrained.load import build_meta, load_into
 from xlstm_zoo.pretrained.mapping import MappingError, Rule
 from xlstm_zoo.pretrained.sources import LAYOUTS, Opened, open_checkpoint
@@ -40,7 +40,9 @@ class Plan:
         self.opened = opened
         self.recipe, self.model = build_meta(recipe_data)
         layout, source, config = opened.layout, opened.source, self.recipe.model
-        if layout in ("hf", "xlstm_large"):
+        if is_baseline(opened):
+            self.rules, self.ignored = baselines.rules(source, opened.config, config), set()
+        elif layout in ("hf", "xlstm_large"):
             self.rules, self.ignored = large.rules(source, layout, config), set()
         elif layout == "neurips":
             self.rules, self.ignored = neurips.rules(source, config), neurips.ignored(source, config)
@@ -54,10 +56,17 @@ class Plan:
                  r.target, r.note) for r in self.rules]
 
 
+def is_baseline(opened: Opened) -> bool:
+    """A Hugging Face Llama or Mamba directory (:mod:`.baselines`)."""
+    return opened.layout == "hf" and opened.config.get("model_type") in baselines.MODEL_TYPES
+
+
 def plan(path, *, layout: str = "auto", config=None) -> Plan:
     """Open ``path`` and work out the conversion without reading any tensor data."""
     opened = open_checkpoint(path, layout=layout, config=config)
-    if opened.layout in ("hf", "xlstm_large"):
+    if is_baseline(opened):
+        data = baselines.recipe(opened.config, opened.source, opened.name)
+    elif opened.layout in ("hf", "xlstm_large"):
         data = large.recipe(opened.config, opened.source, opened.layout, opened.name)
     elif opened.layout == "neurips":
         data = neurips.recipe(opened.config, opened.source, opened.name)
@@ -98,7 +107,7 @@ def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", max_sha
             recipe = Recipe(model=model.config)
         files = zoo_layout.write(directory, recipe, model)
     elif layout == "hf":
-        config, state = large.hf_export(model)
+        config, state = (baselines.hf_export if baselines.model_type_of(model) else large.hf_export)(model)
         directory.mkdir(parents=True, exist_ok=True)
         provenance = getattr(model, "provenance", None) or {}
         generation = provenance.get("generation") or {}

@@ -22,6 +22,9 @@ from xlstm_zoo.pretrained.sources import Opened
 def require(opened: Opened) -> None:
     """Fail early (before anything is written) when ``--check`` cannot run."""
     official_module = "xlstm.xlstm_large.model" if opened.layout in ("hf", "xlstm_large") else "xlstm"
+    if opened.layout == "hf" and opened.config.get("model_type") != "xlstm":
+        raise ConfigError(f"--check compares with the official xLSTM code; a {opened.config.get('model_type')} "
+                          "checkpoint is checked against transformers in tests/zoo/pretrained/test_baselines.py")
     if opened.layout == "zoo":
         raise ConfigError("--check compares with the official implementation; an xlstm-zoo directory has none")
     if opened.layout == "neurips" and not opened.config:

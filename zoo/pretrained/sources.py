@@ -1,7 +1,7 @@
 """Opening a checkpoint: which layout it is, its tensors (read lazily) and its config.
 
-- ``hf``: a directory with ``config.json`` (``model_type: xlstm``) and ``model.safetensors`` or
-  shards with ``model.safetensors.index.json``;
+- ``hf``: a directory with ``config.json`` (``model_type`` xlstm, llama or mamba) and
+  ``model.safetensors`` or shards with ``model.safetensors.index.json``;
 - ``xlstm_large``: a directory with ``config.yaml`` and ``model.safetensors`` or ``model_0, _1, ...``;
 - ``zoo``: a directory with ``recipe.yaml`` and ``model.safetensors`` (what ``save_pretrained`` writes);
 - ``neurips``: an official ``xLSTMLMModel`` state dict file (``.safetensors``, or ``.pt``/``.pth``/
@@ -19,10 +19,12 @@ import torch
 import yaml
 
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.pretrained.baselines import MODEL_TYPES as BASELINE_MODEL_TYPES
 from xlstm_zoo.pretrained.neurips import strip_prefixes
 from xlstm_zoo.pretrained.tensorfile import SafetensorsSource, StateDictSource, TensorSource
 
 LAYOUTS = ("hf", "xlstm_large", "neurips", "zoo")
+HF_MODEL_TYPES = ("xlstm", *BASELINE_MODEL_TYPES)  # xLSTM-7B (large.py); Llama and Mamba (baselines.py)
 STATE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
@@ -85,9 +87,9 @@ def _open_dir(path: Path, layout: str, config) -> Opened:
                           file=str(path))
     if layout == "hf":
         cfg = _read_config(path / "config.json", json.loads)
-        if cfg.get("model_type") != "xlstm":
-            raise ConfigError(f"model_type is {cfg.get('model_type')!r}; only Hugging Face xLSTM (model_type: xlstm) "
-                              "checkpoints convert", file=str(path / "config.json"))
+        if cfg.get("model_type") not in HF_MODEL_TYPES:
+            raise ConfigError(f"model_type is {cfg.get('model_type')!r}; Hugging Face checkpoints of model_type "
+                              f"{', '.join(HF_MODEL_TYPES)} convert", file=str(path / "config.json"))
         if (path / "generation_config.json").is_file():
             cfg["_generation"] = _read_config(path / "generation_config.json", json.loads)
     elif layout == "xlstm_large":
