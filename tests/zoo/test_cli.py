@@ -155,12 +155,12 @@ def test_show_mlstm_fields_and_defaults(run):
 def test_show_unknown_cell_process():
     proc = run_process("show", "cell", "nope")
     assert_one_line_error(proc.returncode, proc.stderr, out=proc.stdout,
-                          needles=("cell", "'nope'", "lstm, mlstm, slstm"))
+                          needles=("cell", "'nope'", "attention, lstm, mamba, mlstm"))
 
 
 def test_show_close_matches(run):
     code, out, err = run("show", "cell", "mlstmm")
-    line = assert_one_line_error(code, err, out=out, needles=("'mlstmm'", "did you mean", "'mlstm'", "lstm, mlstm, slstm"))
+    line = assert_one_line_error(code, err, out=out, needles=("'mlstmm'", "did you mean", "'mlstm'", "attention, lstm, mamba, mlstm"))
     assert line.index("'mlstm'") < line.index("(known cells"), line
 
 
@@ -255,7 +255,7 @@ BAD_RECIPES = {
     "wrong_type": ({"r.yaml": BLOCKS.format(cell="{type: mlstm, num_heads: four}")}, [],
                    ["model.stack.blocks.m.cell.num_heads", "'four'", "integer"]),
     "unknown_component": ({"r.yaml": BLOCKS.format(cell="{type: mlstmm}")}, [],
-                          ["model.stack.blocks.m.cell.type", "'mlstmm'", "'mlstm'", "lstm, mlstm, slstm"]),
+                          ["model.stack.blocks.m.cell.type", "'mlstmm'", "'mlstm'", "attention, lstm, mamba, mlstm"]),
     "impossible_dims": ({"r.yaml": BLOCKS.format(cell="{type: mlstm, num_heads: 3}")}, [],
                         ["model.stack.blocks.m.cell.num_heads", "num_heads=3", "must divide"]),
     "yaml_syntax": ({"r.yaml": "name: broken\nmodel:\n  type: causal_lm: x\n  dim: 64\n"}, [],

@@ -63,7 +63,7 @@ def test_unknown_name_error_has_kind_name_path_close_matches_and_full_list():
     with pytest.raises(UnknownComponentError) as info:
         registry.get("cell", "mlstmm", path="model.stack.blocks.m.cell.type")
     message = str(info.value)
-    for part in ("unknown cell 'mlstmm'", "did you mean 'mlstm'", "known cells: lstm, mlstm, slstm",
+    for part in ("unknown cell 'mlstmm'", "did you mean 'mlstm'", "known cells: attention, lstm, mamba, mlstm",
                  "model.stack.blocks.m.cell.type"):
         assert part in message, f"{part!r} missing from: {message}"
 
