@@ -290,7 +290,7 @@ def run_cell(cell: Cell, out_dir: Path, *, progress=None, retry_failed: bool = F
                 is_done(cell, out_dir, retry_failed) or (since is not None and (cell_dir / RESULT).stat().st_mtime >= since)):
             return {**previous, "status": "skipped", "id": cell.id}
         claim.record_attempt()
-        started = time.time()
+        started, cpu_started = time.time(), time.process_time()
         if cell.error:
             result = {"status": "failed", "error": cell.error}
         else:
@@ -305,7 +305,9 @@ def run_cell(cell: Cell, out_dir: Path, *, progress=None, retry_failed: bool = F
             except Exception as err:  # a failing cell is recorded and the grid goes on
                 result = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
         result.update(id=cell.id, labels=cell.labels, digest=cell.digest, attempt=claim.attempt,
-                      seconds=round(time.time() - started, 2))
+                      seconds=round(time.time() - started, 2),
+                      # this process's CPU time (all its threads): a cell's cost on a shared machine
+                      cpu_seconds=round(time.process_time() - cpu_started, 2))
         write_json(cell_dir / RESULT, result)
     return result
 

@@ -10,6 +10,16 @@ from xlstm_zoo.config import AddedField, Spec, ZooConfig
 from xlstm_zoo.initialization import Role
 
 
+class EarlyStop(ZooConfig):
+    """Stop training once a validation metric has reached a level: a declared training rule, judged
+    on the ``valid`` split only (the train lengths), never on the test split it is reported on."""
+
+    split: Literal["valid"] = Field("valid", description="the split judged: valid only (stopping on test would leak it)")
+    metric: str = Field("accuracy", description="a metric the task reports, e.g. accuracy")
+    at_least: float = Field(description="stop when the metric is at least this")
+    evals: int = Field(1, ge=1, description="... at this many consecutive evaluations")
+
+
 class TrainConfig(ZooConfig):
     steps: int = Field(1000, ge=1, description="optimiser steps")
     batch_size: int = Field(32, ge=1, description="the global batch: split over micro_batches and data-parallel "
@@ -29,6 +39,8 @@ class TrainConfig(ZooConfig):
     seed: int = 0
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: only at the end)")
     eval_splits: list[Literal["valid", "test"]] = Field(default_factory=lambda: ["valid", "test"])
+    early_stop: EarlyStop | None = AddedField(None, description="stop before `steps` once a validation metric is "
+                                                                 "reached (needs eval_every and valid in eval_splits)")
     log_every: int = Field(10, ge=1, description="write the training loss to metrics.jsonl every N steps")
     checkpoint_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
@@ -40,4 +52,12 @@ class TrainConfig(ZooConfig):
     def _warmup_fits(self):
         if self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} exceeds steps={self.steps}")
+        return self
+
+    @model_validator(mode="after")
+    def _early_stop_evaluated(self):
+        if self.early_stop is not None and not (self.eval_every and self.early_stop.split in self.eval_splits):
+            raise ValueError(f"early_stop judges the {self.early_stop.split!r} split at each evaluation: set "
+                             f"eval_every > 0 and include {self.early_stop.split!r} in eval_splits "
+                             f"(now eval_every={self.eval_every}, eval_splits={self.eval_splits})")
         return self

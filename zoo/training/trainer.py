@@ -29,6 +29,7 @@ from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import parameter_roles
 from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
+from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
 from xlstm_zoo.training.schedule import lr_factor
@@ -147,8 +148,8 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
 def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path | None, progress,
            description: str) -> dict:
     run = _Run.prepare(recipe, cfg, ctx, rows, device, run_dir)
-    if run.start == cfg.steps:  # a finished run again: nothing trained, nothing logged twice
-        return _finished_result(run_dir, cfg, run.model, run.task, device, ctx)
+    if run.start == cfg.steps or run.stopped:  # a finished run again: nothing trained, nothing logged twice
+        return _finished_result(run_dir, cfg, run.model, run.task, device, ctx, run.start, run.stopped)
     with run.reporting(progress, description):
         try:
             for step in range(run.start, cfg.steps):
@@ -158,6 +159,9 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                     run.optimizer.step()
                     run.record(step + 1, loss.item(), batch.tokens.numel())
                     run.safe = step + 1
+                if run.stopped:  # train.early_stop reached at this step's evaluation
+                    run.write({"step": step + 1, "event": "early_stop"})
+                    break
         except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
             run.save_interrupted()
             raise
@@ -189,6 +193,9 @@ class _Run:
     progress: Any = None
     bar: Any = None
     t0: float = 0.0
+    stopper: EarlyStopper | None = None  # train.early_stop
+    stopped: bool = False           # the early-stop rule was met (a resumed run: it had been)
+    scores: dict | None = None      # the last periodic evaluation, per split
 
     @classmethod
     def prepare(cls, recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path | None) -> "_Run":
@@ -208,7 +215,8 @@ class _Run:
         run = cls(recipe, cfg, ctx, rows, device, run_dir, task, model, forward, optimizer, log, loggers)
         found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
         if found is not None:
-            run.start = _resume(found, recipe, model, optimizer, log, ctx.world)
+            run.start, run.stopped = _resume(found, recipe, model, optimizer, log, ctx.world)
+        run.stopper = EarlyStopper(cfg.early_stop)
         run.safe = run.saved = run.start
         ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
         # model.parameters() walks every submodule each time (~0.1 ms of a quick-grid cell's 7 ms step)
@@ -277,8 +285,10 @@ class _Run:
         if done % cfg.log_every == 0 or done == cfg.steps:
             self.write({"step": done, "split": "train", "loss": loss, "lr": self.optimizer.param_groups[0]["lr"]})
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-            for split in cfg.eval_splits:
-                self.write({"step": done, "split": split, **self.evaluate(split)})
+            self.scores = {split: self.evaluate(split) for split in cfg.eval_splits}
+            for split, metrics in self.scores.items():
+                self.write({"step": done, "split": split, **metrics})
+            self.stopped = self.stopper.reached(self.scores)  # every rank sees the same scores: all stop together
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             self.checkpoint(done)
         if self.bar is not None:
@@ -288,10 +298,10 @@ class _Run:
     def evaluate(self, split: str) -> dict[str, float]:
         return evaluate(self.model, self.task, split, device=self.device, precision=self.cfg.precision, ctx=self.ctx)
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, **state) -> None:
         if self.run_dir is not None and self.ctx.is_main:
             save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
-                            optimizer=self.optimizer.state_dict(), step=step)
+                            optimizer=self.optimizer.state_dict(), step=step, **state)
             self.saved = step
 
     def save_interrupted(self) -> None:
@@ -302,14 +312,19 @@ class _Run:
     def finish(self) -> dict:
         """The final evaluation on every split, the final checkpoint; the run's result."""
         cfg = self.cfg
-        final = {split: self.evaluate(split) for split in cfg.eval_splits}
-        for split, metrics in final.items():
-            self.write({"step": cfg.steps, "split": split, **metrics})
-        self.checkpoint(cfg.steps)
+        done = self.safe if self.stopped else cfg.steps
+        if self.stopped:  # evaluated and logged at the step it stopped
+            final = self.scores
+        else:
+            final = {split: self.evaluate(split) for split in cfg.eval_splits}
+            for split, metrics in final.items():
+                self.write({"step": done, "split": split, **metrics})
+        self.checkpoint(done, **({"stopped_early": True} if self.stopped else {}))
         if self.bar is not None:
             self.progress.remove_task(self.bar)
-        return {"steps": cfg.steps, "final_train_loss": self.last_loss, "metrics": final,
-                "parameters": sum(p.numel() for p in self.model.parameters()), "world_size": self.ctx.world}
+        return {"steps": done, **({"stopped_early": True} if self.stopped else {}), "final_train_loss": self.last_loss,
+                "metrics": final, "parameters": sum(p.numel() for p in self.model.parameters()),
+                "world_size": self.ctx.world}
 
 
 def _build_loggers(cfg, run_dir: Path | None) -> list:
@@ -365,9 +380,10 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
     return all_reduce_sum(total, ctx) / scored
 
 
-def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> int:
-    """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; returns its step. Everything
-    is checked before metrics.jsonl is cut back to that step (or, for a finished run, left as it is)."""
+def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> tuple[int, bool]:
+    """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; returns its step and whether the run had
+    stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
+    early-stopped run, left as it is)."""
     saved_recipe, saved_model, extra = load_checkpoint(path)
     if _meaning(saved_recipe) != _meaning(recipe):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
@@ -375,10 +391,11 @@ def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 
     step = _checked_step(path, extra, recipe.train.steps)
     model.load_state_dict(saved_model.state_dict())
     optimizer.load_state_dict(extra["optimizer"])
-    if step < recipe.train.steps:
+    stopped = extra.get("stopped_early") is True
+    if step < recipe.train.steps and not stopped:
         log.truncate_after(step)
         log.write({"step": step, "event": "resumed", **({"world_size": world} if world > 1 else {})})
-    return step
+    return step, stopped
 
 
 def _checked_step(path: Path, extra: dict, steps: int) -> int:
@@ -396,14 +413,17 @@ def _checked_step(path: Path, extra: dict, steps: int) -> int:
     return step
 
 
-def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: DistContext) -> dict:
-    """The result of a run that had already finished: its final metrics evaluated again from the
-    saved weights (nothing logged), its last training loss read from metrics.jsonl (None if gone)."""
+def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: DistContext, step: int,
+                     stopped: bool) -> dict:
+    """The result of a run that had already finished (at ``step``; early when ``stopped``): its final metrics
+    evaluated again from the saved weights (nothing logged), its last training loss read from metrics.jsonl
+    (None if gone)."""
     final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
              for split in cfg.eval_splits}
     losses = [r["loss"] for r in read_metrics(run_dir / METRICS)
-              if r.get("split") == "train" and r.get("step") == cfg.steps and "loss" in r]
-    return {"steps": cfg.steps, "final_train_loss": losses[-1] if losses else None, "metrics": final,
+              if r.get("split") == "train" and r.get("step", 0) <= step and "loss" in r]
+    return {"steps": step, **({"stopped_early": True} if stopped else {}),
+            "final_train_loss": losses[-1] if losses else None, "metrics": final,
             "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
 
 
