@@ -42,6 +42,10 @@ BROKEN = sorted(p for p in (EXAMPLES / "broken").iterdir() if (p / "pyproject.to
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+# The built-in cells (the LSTM family and the paper's baselines).
+CORE_CELLS = {"lstm", "slstm", "mlstm", "attention", "mamba", "rwkv", "rwkv_channel_mix", "retention"}
+
+
 def table_rows(text: str) -> list[list[str]]:
     """Body rows of the rich tables in ``text``; continuation lines of wrapped cells are joined."""
     rows = []
@@ -279,7 +283,7 @@ def test_plugin_cell_runs_in_an_xlstm_zoo_grid(env):
 def test_disable_env_hides_installed_plugins(env):
     codes, out, proc = zoo(env, ["list", "cell"], ["plugins"], XLSTM_ZOO_DISABLE_PLUGINS="1")
     assert codes == [0, 0], show(proc)
-    assert {r[1] for r in table_rows(out[0][0])} == {"lstm", "slstm", "mlstm"}, out[0][0]
+    assert {r[1] for r in table_rows(out[0][0])} == CORE_CELLS, out[0][0]
     rows = plugin_rows(out[1][0])
     assert rows["xlstm-zoo-mingru"]["status"] == "disabled: XLSTM_ZOO_DISABLE_PLUGINS=1", rows
     assert rows["xlstm-zoo-mingru"]["registered"] == "-" and rows["xlstm-zoo"]["status"] == "loaded", rows
@@ -322,7 +326,7 @@ def test_broken_plugins_warn_once_each_and_the_good_one_works(env):
         assert rows[dist]["registered"] == "-", rows[dist]  # nothing half-registered
     assert rows["xlstm-zoo-broken-cells"]["status"] == "loaded"  # its problems show when its cells are built
     cells = {r[1]: r[3] for r in table_rows(out[1][0])}
-    assert cells == {"lstm": "xlstm-zoo", "mlstm": "xlstm-zoo", "slstm": "xlstm-zoo", "mingru": "xlstm-zoo-mingru",
+    assert cells == {**dict.fromkeys(CORE_CELLS, "xlstm-zoo"), "mingru": "xlstm-zoo-mingru",
                      "crashcell": "xlstm-zoo-broken-cells", "leakycell": "xlstm-zoo-broken-cells"}, cells
 
     # the good plugin's recipe builds despite its broken neighbours

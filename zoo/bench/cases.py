@@ -632,6 +632,7 @@ def _rwkv_cases(scale: Scale) -> list[Case]:
 
         cases.append(Case(f"rwkv/{label}", "RWKV-4 layer vs transformers", shapes, ours, baseline,
                           baseline_name="transformers", info=dict(recipe="rwkv", overrides=overrides)))
+    return cases
 
 
 # --- the baselines' layers against Hugging Face transformers (a test dependency) ------------------------

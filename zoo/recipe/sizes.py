@@ -96,7 +96,9 @@ _SIZES: dict[str, ModelSize | None] = {}
 
 def _count_on_meta(config: ZooConfig) -> ModelSize | None:
     try:
-        with torch.device("meta"):
+        # fork_rng: some inits draw from the CPU generator even on meta, and a seeded build must not depend on
+        # whether this config was counted before (torch.manual_seed(0); build(r) twice gives equal weights)
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
             model = build_component(config, BuildContext(dim=getattr(config, "dim", 0), path="model"), "model")
     except ConfigError:
         raise

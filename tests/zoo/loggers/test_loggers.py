@@ -192,7 +192,9 @@ def test_a_resumed_run_continues_its_logger_runs(tmp_path, monkeypatch):
     for name, points in mlflow_series(client, run.info.run_id, want).items():
         assert sorted(set(points)) == want[name], name
     # W&B offline: each start is a file of its own, both for the one run id
-    starts = sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb")))
+    # in the order they were written: the folder names hold the start second and a random id, so two
+    # starts within one second sort by id
+    starts = sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb")), key=os.path.getmtime)
     assert len(starts) == 2
     assert [wandb_offline.run_record(p).run_id for p in starts] == [RunInfo.for_run(tmp_path, {}).saved_id("wandb")] * 2
     second = wandb_offline.history(starts[1])
