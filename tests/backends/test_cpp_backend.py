@@ -158,6 +158,7 @@ def test_rejects_what_it_cannot_run():
                       None, None, None, None, None)
 
 
+@pytest.mark.slow  # compiles the C++ library afresh (20-65 s)
 @needs_compiler
 def test_builds_once_and_reuses_the_cache(fresh_build, capfd):
     assert fresh_build.get()[1] is None
@@ -174,6 +175,7 @@ def test_builds_once_and_reuses_the_cache(fresh_build, capfd):
     assert "compiling" not in capfd.readouterr().err
 
 
+@pytest.mark.slow  # compiles the C++ library afresh (20-65 s)
 @needs_compiler
 def test_without_vector_maths_the_next_flag_set_builds(fresh_build, monkeypatch):
     """A toolchain without glibc's vector maths library (another libc, another platform) fails the flag
@@ -292,6 +294,7 @@ def test_lstm_low_precision_and_threads():
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1].c, results[1][1].c)
 
 
+@pytest.mark.slow  # compiles the C++ library afresh (20-65 s)
 @needs_compiler
 @pytest.mark.skipif(build.platform.machine() != "x86_64", reason="x86-64-v2 is an x86-64 target")
 def test_a_named_cpu_target_builds_its_own_library(fresh_build, monkeypatch):

@@ -338,6 +338,7 @@ for fn, bk, bv, warps in kernels:
 """
 
 
+@pytest.mark.slow  # Triton compiles for an H100 target
 @pytest.mark.parametrize("dtype, L", [("bf16", 64), ("fp32", 16)])
 def test_kernels_compile_for_sm90(dtype, L, tmp_path):
     compile_for_sm90(_AOT_SCRIPT, [dtype, str(L)], 4, tmp_path)

@@ -347,6 +347,7 @@ for fn in (mod._fwd, mod._bwd):
 """
 
 
+@pytest.mark.slow  # Triton compiles for an H100 target
 @pytest.mark.parametrize("dtype, Dh", [("fp32", 64), ("bf16", 256)], ids=["fp32-onchip", "bf16-streamed"])
 def test_kernels_compile_for_sm90(dtype, Dh, tmp_path):
     compile_for_sm90(_AOT_SCRIPT, [dtype, str(Dh)], 2, tmp_path)

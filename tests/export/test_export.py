@@ -165,6 +165,7 @@ def cell_exports(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow  # ONNX export and long validation (10-40 s each)
 @pytest.mark.parametrize("cell", list(CELL_CASES))
 def test_cell_in_blocks_exports_and_matches_pytorch(cell_exports, cell):
     result = cell_exports(cell)
@@ -325,6 +326,7 @@ def test_float16_compute_keeps_fp32_states(tmp_path):
     assert_validated(result, rollout_steps=200)
 
 
+@pytest.mark.slow  # ONNX export and long validation (10-40 s each)
 def test_full_shipped_recipe_exports_and_matches_pytorch(tmp_path):
     recipe = load_recipe("xlstm_7_1", [f"dim={DIM}"])
     torch.manual_seed(0)

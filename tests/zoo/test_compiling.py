@@ -42,6 +42,7 @@ def test_the_callers_own_error_is_raised_not_swallowed():
         assert torch.equal(run(torch.ones(3), torch.ones(3)), torch.full((3,), 2.0))  # still compiled
 
 
+@pytest.mark.slow  # torch.compile with inductor (30 s)
 def test_compiled_generation_step_matches_eager():
     """The real thing (inductor, C++ wrapper) on a tiny mLSTM + sLSTM model: same logits and state
     per step, same greedy tokens. A CompileWarning here means compiling failed, which fails the test."""

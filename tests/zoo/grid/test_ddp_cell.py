@@ -18,6 +18,8 @@ from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.runner import run_grid
 from xlstm_zoo.training.trainer import train
 
+pytestmark = pytest.mark.slow  # torchrun process groups inside grid cells (.ci/run runs the slow tier)
+
 RECIPE = {
     "name": "ddp-cell",
     "model": {"type": "causal_lm", "vocab_size": None, "dim": 16,

@@ -22,6 +22,8 @@ from xlstm_zoo.training.trainer import train
 
 import dying_task
 
+pytestmark = pytest.mark.slow  # a local Ray cluster per test (.ci/run runs the slow tier)
+
 dying_task.register()
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parents[1]

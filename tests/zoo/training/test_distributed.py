@@ -19,6 +19,8 @@ from xlstm_zoo.grid.expand import recipe_digest
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import train
 
+pytestmark = pytest.mark.slow  # torchrun process groups (.ci/run runs the slow tier)
+
 RECIPE = {
     "name": "ddp",
     "model": {"type": "causal_lm", "vocab_size": None, "dim": 16,
