@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xlstm_zoo.export.step_model import REACH_STEPS
+
 PLUGIN_API_VERSION = 2
 API_ATTRIBUTE = "XLSTM_ZOO_PLUGIN_API"
 
@@ -34,13 +36,15 @@ class Part:
         return not self.default
 
 
+EXPORT_SAMPLE = Part(2, "state classes: a classmethod export_sample(like, generator) giving a state the recurrence "
+                        "reaches", default=f"the state the cell's own step reaches from the zero state on {REACH_STEPS} "
+                                           "random inputs")
 PARTS = (
     Part(1, "a register_components(register) and/or register_commands(add_command) hook implementation"),
     Part(1, "cells: init_state(batch, device=None) returning a NamedTuple of fp32 tensors, forward(x, state=None, "
             "*, value_input=None) and step(x_t, state, *, value_input=None), as checked by xlstm_zoo.testing"),
     Part(1, "every component: a pydantic config with type: Literal[name] = name"),
-    Part(2, "state classes: a classmethod export_sample(like, generator) giving a state the recurrence reaches",
-         default="the state the cell's own step reaches from the zero state on 16 random inputs"),
+    EXPORT_SAMPLE,
     Part(2, f"the plugin module: {API_ATTRIBUTE} = <version it was written against>", default="version 1"),
 )
 

@@ -26,7 +26,7 @@ from xlstm_zoo import testing
 from xlstm_zoo.backends.kernel import Backend
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.export.step_model import ExportWarning, undeclared_states
-from xlstm_zoo.plugins.contract import optional
+from xlstm_zoo.plugins.contract import EXPORT_SAMPLE
 from xlstm_zoo.plugins.status import PluginError, PluginInfo, describe, report
 
 LAZY_CHECK_KINDS = ("cell", "block", "norm", "gate")
@@ -113,8 +113,7 @@ def missing_optional_parts(cell) -> list[str]:
         state = cell.init_state(1)
     except Exception:  # noqa: BLE001 - the conformance check has passed; nothing more to say
         return []
-    default = next(p.default for p in optional() if "export_sample" in p.what)
-    return [f"{what} (optional since plugin API 2; export validates from {default})"
+    return [f"{what} (optional since plugin API {EXPORT_SAMPLE.since}; export validates from {EXPORT_SAMPLE.default})"
             for what in undeclared_states(state)]
 
 

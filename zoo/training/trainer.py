@@ -322,9 +322,7 @@ class _Run:
         self.checkpoint(done, **({"stopped_early": True} if self.stopped else {}))
         if self.bar is not None:
             self.progress.remove_task(self.bar)
-        return {"steps": done, **({"stopped_early": True} if self.stopped else {}), "final_train_loss": self.last_loss,
-                "metrics": final, "parameters": sum(p.numel() for p in self.model.parameters()),
-                "world_size": self.ctx.world}
+        return _result(done, self.stopped, self.last_loss, final, self.model, self.ctx)
 
 
 def _build_loggers(cfg, run_dir: Path | None) -> list:
@@ -422,9 +420,14 @@ def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: Di
              for split in cfg.eval_splits}
     losses = [r["loss"] for r in read_metrics(run_dir / METRICS)
               if r.get("split") == "train" and r.get("step", 0) <= step and "loss" in r]
-    return {"steps": step, **({"stopped_early": True} if stopped else {}),
-            "final_train_loss": losses[-1] if losses else None, "metrics": final,
-            "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
+    return _result(step, stopped, losses[-1] if losses else None, final, model, ctx)
+
+
+def _result(step: int, stopped: bool, last_loss, metrics: dict, model, ctx: DistContext) -> dict:
+    """What a training run returns (and the grid records): where it ended, its last training loss, the
+    final metrics per split."""
+    return {"steps": step, **({"stopped_early": True} if stopped else {}), "final_train_loss": last_loss,
+            "metrics": metrics, "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
 
 
 def _meaning(recipe) -> dict:
