@@ -69,7 +69,7 @@ class Case:
     @property
     def id(self) -> str:
         gates = "" if self.gates is None else f"-{self.gates.input[:3]}{self.gates.forget[:3]}"
-        chunk = f"-L{self.chunk_size}" if self.T > 1 and (len(self.dims) == 2 or self.gates is None) else ""
+        chunk = f"-L{self.chunk_size}" if self.dims and len(self.dims) == 2 and self.T > 1 else ""
         return (f"B{self.B}H{self.H}T{self.T}-D{'x'.join(map(str, self.dims))}{chunk}{gates}"
                 f"-{'state' if self.state else 'zero'}")
 
