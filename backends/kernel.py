@@ -47,7 +47,8 @@ SHAPES = {
     ("causal_conv_silu", "layer"): "x [B,T,C]; state [B,K-1,C]; weight [C,K]; bias [C] -> silu(causal conv) [B,T,C]",
     ("block_diagonal", "layer"): "x [..., N*S]; weight [N,S,S]; bias [N*S] or None -> y [..., N*S]",
 }
-SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise"), "rwkv_wkv": ("form", "chunkwise")}  # ops whose sequence form is chosen per call
+# Ops whose sequence form is chosen per call: the option that names it and its default.
+SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise"), "rwkv_wkv": ("form", "chunkwise")}
 # A forced backend (XLSTM_ZOO_BACKEND, a cell's backend field) must serve these op functions or the call is an
 # error. Every other op runs on the forced backend where it declares a kernel of that op, else on the reference.
 STRICT_FORCE_OPS = ("mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step", "lstm_sequence", "lstm_step")

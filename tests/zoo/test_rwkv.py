@@ -13,7 +13,8 @@ from xlstm_zoo.backends.states import WKVState
 from xlstm_zoo.tolerances import assert_close
 
 hf_rwkv = pytest.importorskip("transformers.models.rwkv.modeling_rwkv")
-needs_cpp = pytest.mark.skipif(unavailable_reason() is not None, reason=f"C++ kernels unavailable: {unavailable_reason()}")
+needs_cpp = pytest.mark.skipif(unavailable_reason() is not None,
+                               reason=f"C++ kernels unavailable: {unavailable_reason()}")
 
 
 def _inputs(B=3, T=37, C=8, scale=3.0, dtype=torch.float32, seed=0):
