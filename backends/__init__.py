@@ -18,14 +18,15 @@ from xlstm_zoo.backends.dispatch import Backend, explain, select
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
 from xlstm_zoo.backends.kernel import readable, tracing
 from xlstm_zoo.backends.reference import KERNELS as _REFERENCE
-from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState
+from xlstm_zoo.backends.reference.rwkv import WKV_FORMS
+from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState, WKVState
 
 MLSTM_FORMS = ("recurrent", "parallel", "chunkwise")
 REFERENCE_KERNELS = {kernel.dispatch_op: kernel.run for kernel in _REFERENCE}  # what runs while tracing
 
 __all__ = [
     "Backend", "GateSchemes", "GATE_SCHEMES", "LSTMState", "MLSTMState", "MLSTM_FORMS", "SLSTMState",
-    "explain", "log_gate", "select",
+    "WKVState", "WKV_FORMS", "explain", "log_gate", "select", "rwkv_wkv_sequence", "rwkv_wkv_step",
     "linear_step", "lstm_sequence", "lstm_step", "mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step",
     "BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step",
     "accelerated", "block_diagonal", "causal_conv_silu", "lstm_time_major", "gelu_gate", "head_norm", "head_norm_gate", "rms_norm", "silu_gate", "soft_cap",
@@ -87,6 +88,42 @@ def lstm_time_major(W, R, c0, h0, *, rows: int | None = None):
     """:func:`lstm_sequence` on time-major tensors as they are: ``W [T,H,B,4Dh]``, ``R [H,Dh,4Dh]``,
     ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``, ``c_T, h_T [H,B,Dh]``. ``rows``: see :func:`accelerated`."""
     return _layer("lstm_time_major", W, R, c0, h0, width=W.shape[1] * W.shape[3] // 4, rows=rows)(W, R, c0, h0)
+
+
+def rwkv_wkv_sequence(k, v, w, u, state: WKVState | None = None, *, form: str = "chunkwise", chunk_size: int = 16,
+                      backend: str | None = None) -> tuple[torch.Tensor, WKVState]:
+    """RWKV-4's WKV recurrence over a sequence (:mod:`xlstm_zoo.backends.reference.rwkv`): ``k, v [B, T, C]``,
+    the per-token log decay ``w [C]`` (negative: ``-exp(decay)``) and the bonus ``u [C]``. Returns
+    ``wkv [B, T, C]`` (dtype of ``v``) and the final state. ``form``: ``recurrent`` or ``chunkwise`` (both
+    exact). ``state=None`` means the zero state."""
+    if form not in WKV_FORMS:
+        raise ValueError(f"unknown WKV form {form!r}; allowed: {', '.join(WKV_FORMS)}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"WKV chunk_size must be a positive int, got {chunk_size!r}")
+    _check_wkv("rwkv_wkv_sequence", k, v, w, u, state, "k, v [B, T, C]", 3)
+    if tracing():  # the dispatcher is not traced
+        return REFERENCE_KERNELS["rwkv_wkv_sequence"](k, v, w, u, state, form=form, chunk_size=chunk_size)
+    impl = select("rwkv_wkv_sequence", k.device, k.dtype, force=backend, form=form, chunk_size=chunk_size,
+                  readable=readable(k, v, w, u, *(state or ()), tracing_checked=True))
+    return impl.ops["rwkv_wkv_sequence"](k, v, w, u, state, form=form, chunk_size=chunk_size)
+
+
+def rwkv_wkv_step(k, v, w, u, state: WKVState | None, *, backend: str | None = None) -> tuple[torch.Tensor, WKVState]:
+    """One WKV token: ``k, v [B, C]``, ``w, u [C]`` -> ``wkv [B, C]``, state."""
+    _check_wkv("rwkv_wkv_step", k, v, w, u, state, "k, v [B, C]", 2)
+    if tracing():
+        return REFERENCE_KERNELS["rwkv_wkv_step"](k, v, w, u, state)
+    impl = select("rwkv_wkv_step", k.device, k.dtype, force=backend)
+    return impl.ops["rwkv_wkv_step"](k, v, w, u, state)
+
+
+def _check_wkv(op, k, v, w, u, state, tokens: str, dims: int) -> None:
+    C = k.shape[-1] if k.dim() else 0
+    ok = (k.dim() == dims and v.shape == k.shape and w.shape == (C,) and u.shape == (C,)
+          and (state is None or all(s.shape == (k.shape[0], C) for s in state)))
+    _require(op, ok, lambda: (f"k {_shape(k)}, v {_shape(v)}, w {_shape(w)}, u {_shape(u)}, state "
+                              f"{None if state is None else [_shape(s) for s in state]}",
+                              f"{tokens}, w and u [C], state None or (num, den, m) each [B, C]"))
 
 
 def accelerated(op: str, x: torch.Tensor, *others: torch.Tensor | None, **options) -> bool:

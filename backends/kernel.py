@@ -32,6 +32,9 @@ SHAPES = {
     ("lstm", "sequence"): "wx [B,H,T,4Dh]; R [H,Dh,4Dh] -> h [B,H,T,Dh]; state (c, h)",
     ("lstm", "step"): "wx [B,H,4Dh]; R [H,Dh,4Dh] -> h [B,H,Dh]; state (c, h)",
     ("lstm", "time_major"): "W [T,H,B,4Dh]; R [H,Dh,4Dh]; c0, h0 [H,B,Dh] -> h [T,H,B,Dh]; c_T, h_T [H,B,Dh]",
+    ("rwkv_wkv", "chunkwise"): "k, v [B,T,C]; w, u [C] -> wkv [B,T,C]; state (num, den, m)",
+    ("rwkv_wkv", "recurrent"): "k, v [B,T,C]; w, u [C] -> wkv [B,T,C]; state (num, den, m)",
+    ("rwkv_wkv", "step"): "k, v [B,C]; w, u [C] -> wkv [B,C]; state (num, den, m)",
     ("linear", "step"): "x [..., K]; W [N, K]; b [N] -> y [..., N] (a step's projections, no autograd)",
     ("mlstm7b_block", "step"): "x [B, d]; the block's weights and sizes; state (C, n, m) -> y [B, d]; state (no autograd)",
     # Passes of the layers around the cells, one op each (form "layer": the op function has the op's name).
@@ -44,7 +47,8 @@ SHAPES = {
     ("causal_conv_silu", "layer"): "x [B,T,C]; state [B,K-1,C]; weight [C,K]; bias [C] -> silu(causal conv) [B,T,C]",
     ("block_diagonal", "layer"): "x [..., N*S]; weight [N,S,S]; bias [N*S] or None -> y [..., N*S]",
 }
-SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise")}  # ops whose sequence form is chosen per call
+# Ops whose sequence form is chosen per call: the option that names it and its default.
+SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise"), "rwkv_wkv": ("form", "chunkwise")}
 # A forced backend (XLSTM_ZOO_BACKEND, a cell's backend field) must serve these op functions or the call is an
 # error. Every other op runs on the forced backend where it declares a kernel of that op, else on the reference.
 STRICT_FORCE_OPS = ("mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step", "lstm_sequence", "lstm_step")
@@ -110,7 +114,7 @@ class Limit:
 
 @dataclass(frozen=True)
 class Kernel:
-    op: str                                      # mlstm | slstm | lstm | linear | rms_norm | ... (SHAPES)
+    op: str                                      # mlstm | slstm | lstm | rwkv_wkv | linear | rms_norm | ... (SHAPES)
     form: str                                    # chunkwise | parallel | recurrent | sequence | step | layer
     impl: str                                    # the backend's name
     run: Callable                                # the function the dispatcher calls

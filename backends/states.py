@@ -85,6 +85,25 @@ class LSTMState(NamedTuple):
         return cls(_randn(like.c, generator), torch.tanh(_randn(like.h, generator)))
 
 
+# The exponent of an empty WKV state (transformers' CPU path uses the same): finite, so that ``m + w`` and
+# exported graphs stay free of inf - inf; any token's exponent exceeds it.
+WKV_EMPTY_EXPONENT = -1e38
+
+
+class WKVState(NamedTuple):
+    """RWKV-4's WKV memory per channel, each ``[B, C]``: numerator ``num`` and denominator ``den`` (both scaled
+    by ``e^-m``) and their exponent ``m``. Zero state: ``num = den = 0`` and ``m`` = -1e38."""
+
+    num: torch.Tensor
+    den: torch.Tensor
+    m: torch.Tensor
+
+    @staticmethod
+    def zeros(batch, channels, device=None, dtype=torch.float32) -> "WKVState":
+        zero = torch.zeros(batch, channels, dtype=dtype, device=device)
+        return WKVState(zero, zero.clone(), torch.full_like(zero, WKV_EMPTY_EXPONENT))
+
+
 def _randn(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(like.shape, generator=generator, dtype=like.dtype)
 

@@ -20,6 +20,7 @@ from xlstm_zoo.backends.cpp import (block_diagonal, block_step, causal_conv, gat
                                     soft_cap)
 from xlstm_zoo.backends.cpp.lstm import TIME_MAJOR_KERNEL, lstm_sequence
 from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence, mlstm_step
+from xlstm_zoo.backends.cpp.rwkv import KERNELS as RWKV_KERNELS
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
 from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
 
@@ -41,6 +42,7 @@ KERNELS = (
     linear.KERNEL,
     rms_norm.KERNEL, *head_norm_gate.KERNELS, soft_cap.KERNEL, *gated_activation.KERNELS, causal_conv.KERNEL,
     block_diagonal.KERNEL, block_step.KERNEL,
+    *RWKV_KERNELS,
 )
 
 

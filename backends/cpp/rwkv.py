@@ -1,37 +1,45 @@
-"""RWKV-4's WKV recurrence forward in one compiled pass (``rwkv_wkv.cpp``), for float32 CPU tensors when
-no gradient is wanted (generation, evaluation); training keeps the PyTorch forms, which autograd
-differentiates. The loop it replaces issues about twenty tensor ops a token."""
+"""The ``rwkv_wkv`` op's kernel: RWKV-4's WKV recurrence forward in one compiled pass (``rwkv_wkv.cpp``) for
+float32 CPU tensors when no gradient is wanted (generation, evaluation). With autograd on it runs the reference
+form asked for, which autograd differentiates. The loop it replaces issues about twenty tensor ops a token.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import c_entry, library, unavailable_reason
-from xlstm_zoo.backends.dispatch import forced
-from xlstm_zoo.backends.kernel import readable
+from xlstm_zoo.backends.cpp.build import c_entry, library
+from xlstm_zoo.backends.kernel import Kernel
+from xlstm_zoo.backends.reference.rwkv import WKV_FORMS
+from xlstm_zoo.backends.reference.rwkv import rwkv_wkv_sequence as reference_sequence
+from xlstm_zoo.backends.states import WKVState
 
-__all__ = ["wkv_forward", "wkv_kernel_applies"]
+__all__ = ["KERNELS", "rwkv_wkv_sequence"]
 
+# The C entry this module calls (argument types; see build.c_entry).
 c_entry("rwkv_wkv_forward_f32", "ptr*8 i64*4")
 
 
-def wkv_kernel_applies(w, u, k, v, num, den, m) -> bool:
-    tensors = (w, u, k, v, num, den, m)
-    # plain tensors and parameters (the bonus arrives as the cell's parameter itself), no tensor subclasses
-    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) and k.dim() == 3
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-            and k.dtype == torch.float32 and k.device.type == "cpu" and readable(*tensors)
-            and not forced() and unavailable_reason() is None)
-
-
-def wkv_forward(w, u, k, v, num, den, m):
-    """``(y [B, T, C], num, den, m)`` as :func:`xlstm_zoo.cells.rwkv.wkv_recurrent` computes them; the
-    state passed in is not modified."""
+def rwkv_wkv_sequence(k, v, w, u, state: WKVState | None = None, *, form: str = "chunkwise",
+                      chunk_size: int = 16) -> tuple[torch.Tensor, WKVState]:
+    """The reference :func:`~xlstm_zoo.backends.reference.rwkv.rwkv_wkv_sequence` (either form: both are
+    exact) as one compiled pass of the recurrent loop; the state passed in is not modified."""
+    tensors = (k, v, w, u, *(state if state is not None else ()))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return reference_sequence(k, v, w, u, state, form=form, chunk_size=chunk_size)
     B, T, C = k.shape
+    # Every operand bound to a local: a temporary's pointer would dangle by the time of the call.
     k, v, w, u = (t.contiguous() for t in (k, v, w, u))
-    num, den, m = (t.clone(memory_format=torch.contiguous_format) for t in (num, den, m))
+    num, den, m = (WKVState.zeros(B, C) if state is None
+                   else (t.clone(memory_format=torch.contiguous_format) for t in state))
     y = torch.empty_like(k)
     library().xlstm_zoo_rwkv_wkv_forward_f32(k.data_ptr(), v.data_ptr(), w.data_ptr(), u.data_ptr(), y.data_ptr(),
                                              num.data_ptr(), den.data_ptr(), m.data_ptr(), B, T, C,
                                              torch.get_num_threads())
-    return y, num, den, m
+    return y, WKVState(num, den, m)
+
+
+KERNELS = tuple(
+    Kernel("rwkv_wkv", form, "cpp", rwkv_wkv_sequence, devices=("cpu",), dtypes=(torch.float32,), opaque=True,
+           notes="the recurrent loop in one pass whichever form is asked (both exact), every channel of a token "
+                 "at once; with autograd the reference form")
+    for form in WKV_FORMS)

@@ -7,6 +7,7 @@ from xlstm_zoo.backends.reference import layers
 from xlstm_zoo.backends.reference.block_step import mlstm7b_block_step
 from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step, lstm_time_major
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence, mlstm_step
+from xlstm_zoo.backends.reference.rwkv import rwkv_wkv_sequence, rwkv_wkv_step
 from xlstm_zoo.backends.reference.slstm import slstm_sequence, slstm_step
 
 KERNELS = (
@@ -19,6 +20,9 @@ KERNELS = (
     Kernel("lstm", "sequence", "reference", lstm_sequence),
     Kernel("lstm", "step", "reference", lstm_step),
     Kernel("lstm", "time_major", "reference", lstm_time_major, notes="the sequence form through two layout copies"),
+    Kernel("rwkv_wkv", "chunkwise", "reference", rwkv_wkv_sequence, notes="all pairs within a chunk; any chunk size"),
+    Kernel("rwkv_wkv", "recurrent", "reference", rwkv_wkv_sequence, notes="a loop of the step"),
+    Kernel("rwkv_wkv", "step", "reference", rwkv_wkv_step),
     Kernel("linear", "step", "reference", F.linear, notes="torch.nn.functional.linear"),
     Kernel("mlstm7b_block", "step", "reference", mlstm7b_block_step,
            notes="what the block's modules compute: there the op returns None and the block runs them"),

@@ -35,7 +35,7 @@ import torch
 from xlstm_zoo.backends.catalog import builtin_backends
 from xlstm_zoo.backends.gating import GateSchemes, log_gate
 from xlstm_zoo.backends.kernel import SHAPES
-from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState
+from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState, WKVState
 from xlstm_zoo.tolerances import assert_close
 
 BACKENDS = {b.name: b for b in builtin_backends()}
@@ -49,7 +49,9 @@ FORWARD_ONLY = {"mlstm.step--triton": "forward-only kernel (generation): with au
                 "mlstm7b_block.step--cpp": "forward-only kernel (generation): the op serves steps without gradients",
                 "mlstm7b_block.step--reference": "the generation step's form: no gradients asked of it",
                 "mlstm.step--cpp": "forward-only kernel (generation): with autograd on it calls the reference step",
-                "linear.step--cpp": "forward-only kernel (generation): layers call it only when no gradient is wanted"}
+                "linear.step--cpp": "forward-only kernel (generation): layers call it only when no gradient is wanted",
+                **{f"rwkv_wkv.{form}--cpp": "forward-only kernel: with autograd on it calls the reference form"
+                   for form in ("recurrent", "chunkwise")}}
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,11 @@ class Case:
     B: int
     H: int
     T: int                      # 1 for steps
-    dims: tuple[int, ...]       # (Dk, Dv) for the mLSTM, (Dh,) for the sLSTM and LSTM, (K, N) for a linear map
-    gates: GateSchemes | None   # None for the LSTM
+    dims: tuple[int, ...]       # (Dk, Dv) for the mLSTM, (Dh,) for the sLSTM and LSTM, (K, N) for a linear map,
+                                # (C,) for the WKV (H is 1 there: it has no heads)
+    gates: GateSchemes | None   # None for the LSTM and the WKV
     state: bool                 # a non-zero initial state (else the zero state, passed as None)
-    chunk_size: int = 16        # mLSTM chunkwise only
+    chunk_size: int = 16        # mLSTM and WKV chunkwise only
     small: bool = False         # cheap enough for the Triton interpreter
 
     @property
@@ -104,6 +107,11 @@ CASES = {
                         for B, H, Dh in [(2, 3, 5), (1, 2, 16)]],
     ("lstm", "sequence"): [Case(2, 3, T, (5,), None, s) for T, s in [(1, False), (17, False), (17, True)]],
     ("lstm", "step"): [Case(2, 3, 1, (5,), None, s) for s in (False, True)],
+    # (B, T, C, chunk): T = 1, T below, at and past a chunk with a rest, odd C.
+    ("rwkv_wkv", "sequence"): [Case(B, 1, T, (C,), None, s, L) for B, T, C, L, s in
+                               [(2, 1, 5, 16, False), (3, 13, 7, 16, True), (2, 16, 8, 4, True), (1, 37, 9, 8, False),
+                                (2, 37, 9, 16, True)]],
+    ("rwkv_wkv", "step"): [Case(B, 1, 1, (C,), None, s) for B, C, s in [(2, 5, False), (3, 9, True)]],
     # (rows B, K, N): one row and several, K and N below, at and above a vector and a 64-column panel, rows
     # not a multiple of the 2-row tile.
     ("linear", "step"): [Case(B, 1, 1, (K, N), None, False, small=True)
@@ -172,7 +180,32 @@ def textbook_linear(x, W, b, state):
     return torch.einsum("mk,nk->mn", x, W) + b, ()
 
 
-TEXTBOOK = {"mlstm": textbook_mlstm, "slstm": textbook_slstm, "lstm": textbook_lstm, "linear": textbook_linear}
+def textbook_wkv(k, v, w, u, state, **_):
+    """The WKV sums as written (backends/reference/rwkv.py), each over all its terms at once: the initial state
+    decayed t times, token i < t decayed (t-1-i) times, token t itself with the bonus; scaled by the largest
+    exponent. The final state: the same sums past the last token (no bonus), that exponent its ``m``."""
+    B, T, C = k.shape
+    num0, den0, m0 = state if state is not None else WKVState.zeros(B, C, dtype=k.dtype)
+
+    def sums(t: int, bonus: bool):
+        lag = torch.arange(t - 1, -1, -1, dtype=k.dtype)[:, None]                   # t-1-i for i < t
+        exps, nums, dens = [m0[:, None] + t * w, k[:, :t] + lag * w], [num0[:, None], v[:, :t]], [den0[:, None]]
+        dens.append(torch.ones_like(v[:, :t]))
+        if bonus:
+            exps.append((u + k[:, t])[:, None])
+            nums.append(v[:, t, None])
+            dens.append(torch.ones_like(v[:, t, None]))
+        exps = torch.cat(exps, 1)                                                   # [B, terms, C]
+        top = exps.amax(1)
+        e = torch.exp(exps - top[:, None])
+        return (e * torch.cat(nums, 1)).sum(1), (e * torch.cat(dens, 1)).sum(1), top
+
+    ys = [num / den for num, den, _ in (sums(t, True) for t in range(T))]
+    return torch.stack(ys, 1), WKVState(*sums(T, False))
+
+
+TEXTBOOK = {"mlstm": textbook_mlstm, "slstm": textbook_slstm, "lstm": textbook_lstm, "linear": textbook_linear,
+            "rwkv_wkv": textbook_wkv}
 
 
 def textbook(op: str, step: bool):
@@ -182,6 +215,9 @@ def textbook(op: str, step: bool):
 
     def one_token(*args, **kw):  # the step is the sequence of one token
         *tensors, state = args
+        if op == "rwkv_wkv":  # k, v [B, C] get a time axis (the second: no heads); w, u do not
+            h, new = seq(tensors[0][:, None], tensors[1][:, None], *tensors[2:], state, **kw)
+            return h[:, 0], new
         # mLSTM: every input gets a time axis; sLSTM/LSTM: wx_t does, R does not.
         tensors = [x.unsqueeze(2) for x in tensors] if op == "mlstm" else [tensors[0].unsqueeze(2), tensors[1]]
         h, new = seq(*tensors, state, **kw)
@@ -203,6 +239,9 @@ def make_inputs(op: str, case: Case, dtype, device, seed=0) -> list[torch.Tensor
     if op == "linear":
         K, N = case.dims
         return [x.to(device, dtype) for x in (rand(B, K), rand(N, K) / K ** 0.5, rand(N))]
+    if op == "rwkv_wkv":  # k, v [B, T, C]; the log decay w = -exp(decay) and the bonus u [C]
+        C = case.dims[0]
+        return [x.to(device, dtype) for x in (rand(B, T, C) * 3, rand(B, T, C), -torch.exp(rand(C)), rand(C))]
     if op == "mlstm":
         Dk, Dv = case.dims
         i_pre = rand(B, H, T) * (2.0 if case.gates.input == "exponential" else 1.0)
@@ -233,6 +272,8 @@ def make_state(op: str, case: Case, dtype, device):
 def call_kwargs(kernel, case: Case) -> dict:
     if kernel.op in ("lstm", "linear"):
         return {}
+    if kernel.op == "rwkv_wkv":
+        return {} if kernel.form == "step" else {"form": kernel.form, "chunk_size": case.chunk_size}
     kw = {"gates": case.gates}
     if kernel.op == "mlstm":
         kw.update(qk_scale=None, eps=1e-6)
@@ -245,6 +286,8 @@ def as_step(op: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Step inputs: the sequence inputs' only token (R keeps its shape; a linear map's are step inputs)."""
     if op == "linear":
         return xs
+    if op == "rwkv_wkv":  # k, v [B, T, C]; w, u keep their shape
+        return [x[:, 0] if i < 2 else x for i, x in enumerate(xs)]
     return [x[:, :, 0] if (op == "mlstm" or i == 0) else x for i, x in enumerate(xs)]
 
 
@@ -285,8 +328,10 @@ def run(fn, xs, state, kw, *, grad: bool, seed=99):
 
 
 def names(kernel, with_state: bool) -> tuple[list[str], list[str]]:
-    fields = {"mlstm": ("C", "n", "m"), "slstm": ("c", "n", "m", "h"), "lstm": ("c", "h"), "linear": ()}[kernel.op]
-    inputs = {"mlstm": ("q", "k", "v", "i_pre", "f_pre"), "linear": ("x", "W", "b")}.get(kernel.op, ("wx", "R"))
+    fields = {"mlstm": ("C", "n", "m"), "slstm": ("c", "n", "m", "h"), "lstm": ("c", "h"), "linear": (),
+              "rwkv_wkv": ("num", "den", "m")}[kernel.op]
+    inputs = {"mlstm": ("q", "k", "v", "i_pre", "f_pre"), "linear": ("x", "W", "b"),
+              "rwkv_wkv": ("k", "v", "w", "u")}.get(kernel.op, ("wx", "R"))
     outs = ["h"] + [f"final {f}" for f in fields]
     grads = [f"d{x}" for x in inputs] + ([f"d{f}0" for f in fields] if with_state else [])
     return outs, grads
@@ -312,6 +357,8 @@ def options(kernel, case: Case) -> dict:
     """The dispatcher's options for this case (what the kernel's limits are checked against)."""
     if kernel.op == "mlstm":
         return {"chunk_size": case.chunk_size, "form": kernel.form}
+    if kernel.op == "rwkv_wkv":  # plain tensors with data: what a compiled (opaque) kernel may read
+        return {"chunk_size": case.chunk_size, "form": kernel.form, "readable": True}
     return {"rows": case.B} if kernel.op == "linear" else {"head_dim": case.dims[-1]}
 
 

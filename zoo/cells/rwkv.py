@@ -8,12 +8,10 @@ of the token and the one before it (the state carries ``x_{t-1}``; zeros before 
     wkv_t = (sum_{i<t} e^{-(t-1-i) w + k_i} v_i + e^{u + k_t} v_t) / (same sums without v)
     y_t   = W_o (sigmoid(r_t) * wkv_t)
 
-carried as numerator, denominator and their common exponent ``m`` (each stored as ``x * e^m``, ``m``
-the running maximum exponent), so no exponential overflows. Two forms, equal up to rounding:
-``recurrent`` (a loop over time, vectorised over batch and channels) and ``chunkwise`` (within a
-chunk all pairs at once, each output's maximum exponent taken over its pairs; a loop over chunks
-carries the state). Where no gradient is wanted (float32 on the CPU) either form runs as one compiled
-pass of the recurrent loop (:mod:`xlstm_zoo.backends.cpp.rwkv`).
+carried as numerator, denominator and their common exponent ``m`` (each stored as ``x * e^-m``, ``m``
+the running maximum exponent), so no exponential overflows: the ``rwkv_wkv`` op
+(:func:`xlstm_zoo.backends.rwkv_wkv_sequence`), in the ``form`` the config names, ``recurrent`` or
+``chunkwise`` (both exact; forms and kernels in docs/backends.md).
 
 ``rwkv_channel_mix``: ``y_t = sigmoid(W_r xr_t) * W_v relu(W_k xk_t)^2``; its state is the shift.
 
@@ -30,15 +28,12 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.backends.cpp.rwkv import wkv_forward, wkv_kernel_applies
+from xlstm_zoo import backends as ops
+from xlstm_zoo.backends.states import WKVState
 from xlstm_zoo.cells.base import Cell
 from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.layers import linear
 from xlstm_zoo.registry import component
-
-# The exponent of an empty WKV state (HF's CPU path uses the same): finite, so that ``m - w`` and
-# exported graphs stay free of inf - inf; any token's exponent exceeds it.
-EMPTY_EXPONENT = -1e38
 
 
 class RWKVState(NamedTuple):
@@ -82,77 +77,6 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)  # float64 stays float64, halves compute in fp32
 
 
-# -- the WKV recurrence ---------------------------------------------------------------------------------
-
-def wkv_recurrent(w, u, k, v, num, den, m):
-    """``k, v [B, T, C]``, ``w = -exp(decay)``, ``u [C]``; state ``[B, C]`` -> ``(wkv [B, T, C], num, den, m)``."""
-    out = []
-    for t in range(k.shape[1]):
-        y, num, den, m = wkv_step(w, u, k[:, t], v[:, t], num, den, m)
-        out.append(y)
-    return torch.stack(out, 1), num, den, m
-
-
-def wkv_step(w, u, k, v, num, den, m):
-    """One token ``k, v [B, C]``: its output (the state plus the bonus-weighted token) and the next state."""
-    m_out = torch.maximum(m, u + k)
-    a, b = torch.exp(m - m_out), torch.exp(u + k - m_out)
-    y = (a * num + b * v) / (a * den + b)
-    m_next = torch.maximum(m + w, k)
-    a, b = torch.exp(m + w - m_next), torch.exp(k - m_next)
-    return y, a * num + b * v, a * den + b, m_next
-
-
-def wkv_chunkwise(w, u, k, v, num, den, m, chunk: int):
-    """As :func:`wkv_recurrent`, whole chunks at once: the full chunks in one pass, a shorter rest after."""
-    T = k.shape[1]
-    full = T - T % chunk
-    outs = []
-    if full:
-        B, C = k.shape[0], k.shape[2]
-        y, num, den, m = _wkv_chunks(w, u, k[:, :full].reshape(B, -1, chunk, C), v[:, :full].reshape(B, -1, chunk, C),
-                                     num, den, m)
-        outs.append(y.flatten(1, 2))
-    if full < T:
-        y, num, den, m = _wkv_chunks(w, u, k[:, full:, None].transpose(1, 2), v[:, full:, None].transpose(1, 2),
-                                     num, den, m)
-        outs.append(y[:, 0])
-    return torch.cat(outs, 1), num, den, m
-
-
-def _wkv_chunks(w, u, k, v, num, den, m):
-    """``k, v [B, N, L, C]`` (N chunks of L tokens), state at the first chunk's start ``[B, C]``."""
-    L = k.shape[2]
-    pos = torch.arange(L, device=k.device, dtype=k.dtype)
-    # within a chunk: token i reaches output t > i decayed (t-1-i) times, and token t itself with the bonus
-    before = pos[None, :] < pos[:, None]                                                     # [t, i]: i < t
-    lag = (pos[:, None] - pos[None, :] - 1).clamp(min=0)
-    pairs = torch.where(before[..., None], k[:, :, None] + lag[..., None] * w, float("-inf"))  # [B, N, t, i, C]
-    own = u + k
-    m_in = torch.maximum(pairs.amax(3), own)
-    e, e_own = torch.exp(pairs - m_in[:, :, :, None]), torch.exp(own - m_in)
-    num_in = (e * v[:, :, None]).sum(3) + e_own * v
-    den_in = e.sum(3) + e_own
-    # each chunk's contribution to the state at its end: token i decayed (L-1-i) times
-    to_end = k + (L - 1 - pos)[:, None] * w
-    m_end = to_end.amax(2)
-    e_end = torch.exp(to_end - m_end[:, :, None])
-    num_end, den_end = (e_end * v).sum(2), e_end.sum(2)
-    # the state at each chunk's start: a loop over chunks
-    starts = []
-    for n in range(k.shape[1]):
-        starts.append((num, den, m))
-        m_old = m + L * w
-        m = torch.maximum(m_old, m_end[:, n])
-        a, b = torch.exp(m_old - m), torch.exp(m_end[:, n] - m)
-        num, den = a * num + b * num_end[:, n], a * den + b * den_end[:, n]
-    num0, den0, m0 = (torch.stack(s, 1)[:, :, None] for s in zip(*starts))                  # [B, N, 1, C]
-    m_state = m0 + pos[:, None] * w                                                          # the start state at t
-    top = torch.maximum(m_in, m_state)
-    a, b = torch.exp(m_in - top), torch.exp(m_state - top)
-    return (a * num_in + b * num0) / (a * den_in + b * den0), num, den, m
-
-
 # -- the cells ------------------------------------------------------------------------------------------
 
 class RWKVConfig(ZooConfig):
@@ -184,9 +108,8 @@ class RWKVTimeMix(Cell):
 
     def init_state(self, batch: int, device=None) -> RWKVState:
         device = device or self._device()
-        zero = torch.zeros(batch, self.attention_dim, device=device)
-        return RWKVState(torch.zeros(batch, self.in_dim, device=device), zero, zero.clone(),
-                         torch.full_like(zero, EMPTY_EXPONENT))
+        shift = torch.zeros(batch, self.in_dim, device=device)
+        return RWKVState(shift, *WKVState.zeros(batch, self.attention_dim, device))
 
     def _kvr(self, x, shifted, value_input):
         dtype = _compute_dtype(x)
@@ -205,20 +128,16 @@ class RWKVTimeMix(Cell):
             state = self.init_state(x.shape[0], x.device)
         k, v, r = self._kvr(x, token_shift(x, state.shift), value_input)
         w, u = self._decay_bonus(k.dtype)
-        carried = tuple(s.to(k.dtype) for s in state[1:])
-        if wkv_kernel_applies(w, u, k, v, *carried):  # no gradient wanted, float32 on the CPU: one compiled pass
-            wkv, num, den, m = wkv_forward(w, u, k, v, *carried)
-        elif self.config.form == "chunkwise":
-            wkv, num, den, m = wkv_chunkwise(w, u, k, v, *carried, chunk=self.config.chunk_size)
-        else:
-            wkv, num, den, m = wkv_recurrent(w, u, k, v, *carried)
+        carried = WKVState(*(s.to(k.dtype) for s in state[1:]))
+        wkv, (num, den, m) = ops.rwkv_wkv_sequence(k, v, w, u, carried, form=self.config.form,
+                                                   chunk_size=self.config.chunk_size)
         y = self.output((torch.sigmoid(r) * wkv).to(self.output.weight.dtype))
         return y.to(x.dtype), RWKVState(x[:, -1].to(k.dtype), num, den, m)
 
     def step(self, x_t, state, *, value_input=None):
         k, v, r = self._kvr(x_t, state.shift, value_input)
         w, u = self._decay_bonus(k.dtype)
-        wkv, num, den, m = wkv_step(w, u, k, v, *(s.to(k.dtype) for s in state[1:]))
+        wkv, (num, den, m) = ops.rwkv_wkv_step(k, v, w, u, WKVState(*(s.to(k.dtype) for s in state[1:])))
         y = self.output((torch.sigmoid(r) * wkv).to(self.output.weight.dtype))
         return y.to(x_t.dtype), RWKVState(x_t.to(k.dtype), num, den, m)
 
