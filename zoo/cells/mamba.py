@@ -53,7 +53,7 @@ class MambaCellConfig(ZooConfig):
     dt_rank: int | None = Field(None, ge=1, description="rank of the dt projection (null: ceil(dim / 16))")
     conv_kernel: int = Field(4, ge=2, description="causal depthwise conv kernel size")
     bias: bool = Field(False, description="biases on the in and out projections (Mamba's use_bias)")
-    form: Literal["chunked", "sequential"] = Field("chunked", description="sequence form (both exact)")
+    form: Literal["chunked", "sequential"] = Field("chunked", description="sequence form (both exact; the compiled CPU scan serves both)")
     chunk_size: int | None = Field(None, ge=1, description="tokens per chunk of the chunked form (null: about sqrt(T))")
 
 
