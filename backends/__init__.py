@@ -19,16 +19,17 @@ from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
 from xlstm_zoo.backends.kernel import readable, tracing
 from xlstm_zoo.backends.reference import KERNELS as _REFERENCE
 from xlstm_zoo.backends.reference.rwkv import WKV_FORMS
+from xlstm_zoo.backends.reference.selective_scan import SCAN_FORMS
 from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState, WKVState
 
 MLSTM_FORMS = ("recurrent", "parallel", "chunkwise")
 REFERENCE_KERNELS = {kernel.dispatch_op: kernel.run for kernel in _REFERENCE}  # what runs while tracing
 
 __all__ = [
-    "Backend", "GateSchemes", "GATE_SCHEMES", "LSTMState", "MLSTMState", "MLSTM_FORMS", "SLSTMState",
+    "Backend", "GateSchemes", "GATE_SCHEMES", "LSTMState", "MLSTMState", "MLSTM_FORMS", "SCAN_FORMS", "SLSTMState",
     "WKVState", "WKV_FORMS", "explain", "log_gate", "select", "rwkv_wkv_sequence", "rwkv_wkv_step",
     "linear_step", "lstm_sequence", "lstm_step", "mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step",
-    "BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step",
+    "BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step", "selective_scan",
     "accelerated", "block_diagonal", "causal_conv_silu", "lstm_time_major", "gelu_gate", "head_norm", "head_norm_gate", "rms_norm", "silu_gate", "soft_cap",
 ]
 
@@ -239,3 +240,21 @@ def block_diagonal(x, weight, bias=None) -> torch.Tensor:
                                             "x [..., N*I], weight [N, I, O], bias [N*O]"))
     block = weight.shape[1] if weight.shape[1] == weight.shape[2] else 0  # 0: not square
     return _layer("block_diagonal", x, weight, bias, block=block, width=x.shape[-1])(x, weight, bias)
+
+
+def selective_scan(u, dt, A, B, C, h0=None, *, form: str = "chunked",
+                   chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba's selective scan: per channel ``e`` and state ``n``, ``h_t = exp(dt_t A) h_{t-1} + dt_t u_t B_t`` and
+    ``y_t = C_t . h_t``. ``u, dt [B, T, E]`` (``dt`` after the softplus), ``A [E, N]`` (negative),
+    ``B, C [B, T, N]``, ``h0 [B, E, N]`` (None: zeros) -> ``y [B, T, E]``, the final state ``[B, E, N]``.
+    ``form`` is ``chunked`` or ``sequential`` (both exact; ``chunk_size``: the chunked form's, None about sqrt(T))."""
+    _require("selective_scan", form in SCAN_FORMS, lambda: (f"form {form!r}", f"one of {', '.join(SCAN_FORMS)}"))
+    ok = (u.dim() == 3 and dt.shape == u.shape and A.dim() == 2 and A.shape[0] == u.shape[2]
+          and B.shape == (u.shape[0], u.shape[1], A.shape[1]) and C.shape == B.shape
+          and (h0 is None or h0.shape == (u.shape[0], u.shape[2], A.shape[1])))
+    _require("selective_scan", ok, lambda: (
+        f"u {_shape(u)}, dt {_shape(dt)}, A {_shape(A)}, B {_shape(B)}, C {_shape(C)}, h0 {_shape(h0)}",
+        "u, dt [B, T, E], A [E, N], B, C [B, T, N], h0 [B, E, N] or None"))
+    if h0 is None:
+        h0 = u.new_zeros(u.shape[0], u.shape[2], A.shape[1], dtype=A.dtype)
+    return _layer("selective_scan", u, dt, A, B, C, h0, form=form)(u, dt, A, B, C, h0, form, chunk_size)

@@ -20,7 +20,7 @@ from xlstm_zoo.errors import BackendError
 # Every op function a kernel can serve, in the declarations' order.
 OPS = tuple(dict.fromkeys(op_function(op, form) for op, form in SHAPES))
 OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}, "head_norm": {"heads": 4},
-              "block_diagonal": {"block": 4, "width": 128},
+              "block_diagonal": {"block": 4, "width": 128}, "selective_scan": {"form": "chunked"},
               "rwkv_wkv_sequence": {"form": "chunkwise", "chunk_size": 16}}  # the cells' defaults
 # The choice for tensors a compiled kernel can read (plain, not empty, one dtype and device, nothing tracing).
 READABLE = {"readable": True}

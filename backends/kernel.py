@@ -46,9 +46,15 @@ SHAPES = {
     ("gelu_gate", "layer"): "u [..., 2F] -> gelu(u[..., :F]) * u[..., F:] (exact GELU)",
     ("causal_conv_silu", "layer"): "x [B,T,C]; state [B,K-1,C]; weight [C,K]; bias [C] -> silu(causal conv) [B,T,C]",
     ("block_diagonal", "layer"): "x [..., N*S]; weight [N,S,S]; bias [N*S] or None -> y [..., N*S]",
+    # Mamba's scan (one op function, selective_scan, for both forms).
+    ("selective_scan", "chunked"): "u, dt [B,T,E]; A [E,N]; B, C [B,T,N]; h0 [B,E,N] -> y [B,T,E]; h_T [B,E,N]",
+    ("selective_scan", "sequential"): "u, dt [B,T,E]; A [E,N]; B, C [B,T,N]; h0 [B,E,N] -> y [B,T,E]; h_T [B,E,N]",
 }
 # Ops whose sequence form is chosen per call: the option that names it and its default.
-SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise"), "rwkv_wkv": ("form", "chunkwise")}
+SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise"), "rwkv_wkv": ("form", "chunkwise"),
+                        "selective_scan": ("form", "chunked")}
+# Ops whose every form is reached through one op function of the op's own name.
+OWN_NAME_OPS = ("selective_scan",)
 # A forced backend (XLSTM_ZOO_BACKEND, a cell's backend field) must serve these op functions or the call is an
 # error. Every other op runs on the forced backend where it declares a kernel of that op, else on the reference.
 STRICT_FORCE_OPS = ("mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step", "lstm_sequence", "lstm_step")
@@ -56,7 +62,7 @@ STRICT_FORCE_OPS = ("mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_ste
 
 def op_function(op: str, form: str) -> str:
     """The op function (``xlstm_zoo.backends.<name>``) that reaches the kernels of ``op.form``."""
-    if form == "layer":
+    if form == "layer" or op in OWN_NAME_OPS:
         return op
     if form in ("step", "time_major"):
         return f"{op}_{form}"

@@ -17,7 +17,7 @@ import torch
 
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
 from xlstm_zoo.backends.cpp import (block_diagonal, block_step, causal_conv, gated_activation, head_norm_gate, linear, rms_norm,
-                                    soft_cap)
+                                    selective_scan, soft_cap)
 from xlstm_zoo.backends.cpp.lstm import TIME_MAJOR_KERNEL, lstm_sequence
 from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.cpp.rwkv import KERNELS as RWKV_KERNELS
@@ -41,7 +41,7 @@ KERNELS = (
     TIME_MAJOR_KERNEL,
     linear.KERNEL,
     rms_norm.KERNEL, *head_norm_gate.KERNELS, soft_cap.KERNEL, *gated_activation.KERNELS, causal_conv.KERNEL,
-    block_diagonal.KERNEL, block_step.KERNEL,
+    block_diagonal.KERNEL, block_step.KERNEL, *selective_scan.KERNELS,
     *RWKV_KERNELS,
 )
 
@@ -57,6 +57,6 @@ def cpp_backend() -> Backend:
         priority=15,
         description="sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward, the generation step's "
                     "mLSTM update and linear maps, and the layers' passes (norms, gates, conv), compiled from C++ for "
-                    "the CPU (built on first use)",
+                    "the CPU, and Mamba's selective scan (built on first use)",
         kernels=KERNELS,
     )

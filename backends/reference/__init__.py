@@ -8,6 +8,7 @@ from xlstm_zoo.backends.reference.block_step import mlstm7b_block_step
 from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step, lstm_time_major
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.reference.rwkv import rwkv_wkv_sequence, rwkv_wkv_step
+from xlstm_zoo.backends.reference.selective_scan import selective_scan
 from xlstm_zoo.backends.reference.slstm import slstm_sequence, slstm_step
 
 KERNELS = (
@@ -29,6 +30,9 @@ KERNELS = (
     *(Kernel(op, "layer", "reference", getattr(layers, op)) for op in (
         "rms_norm", "head_norm", "head_norm_gate", "soft_cap", "silu_gate", "gelu_gate", "causal_conv_silu",
         "block_diagonal")),
+    Kernel("selective_scan", "chunked", "reference", selective_scan,
+           notes="chunks of about sqrt(T) tokens: about 2 sqrt(T) steps over [B, T/L, E, N] tensors"),
+    Kernel("selective_scan", "sequential", "reference", selective_scan, notes="the recurrence token by token"),
 )
 
 

@@ -33,6 +33,7 @@ def test_op_choices_are_the_dispatchers_choices():
     assert rows["mlstm_sequence"].statuses["reference"] == "ok"
     assert rows["rwkv_wkv_sequence"].uses == ("cpp" if compiled else "reference")
     assert rows["rwkv_wkv_step"].uses == "reference"
+    assert rows["selective_scan"].uses == ("cpp" if compiled else "reference")
     if not torch.cuda.is_available():
         assert rows["mlstm_sequence"].statuses["triton"].startswith("no CUDA GPU is visible")
 

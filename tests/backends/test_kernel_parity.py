@@ -19,7 +19,7 @@ A kernel added to the catalog is parametrised here automatically; ``test_every_k
 fails if its op form has no cases or no case fits its limits.
 
 The ops that are one call from tensors to tensors (the layers' passes, the LSTM on time-major tensors, the
-7B block step) have their own cases below (:data:`CALLS`): their reference kernels are held to formulas
+7B block step, Mamba's selective scan) have their own cases below (:data:`CALLS`): their reference kernels are held to formulas
 written out here (the 7B block step's to the block's own modules), every other kernel to the reference.
 """
 
@@ -422,6 +422,16 @@ def _time_major_args(T, H, B, Dh):
                              _draw(g, dtype, H, B, Dh), _draw(g, dtype, H, B, Dh))
 
 
+def _scan_args(B, T, E, N, form, chunk):
+    """Mamba's scan: dt after a softplus (positive), A negative, a non-zero initial state."""
+    def make(dtype, g):
+        dt = torch.nn.functional.softplus(_draw(g, torch.float64, B, T, E, shift=-1.0)).to(dtype)
+        A = -torch.exp(_draw(g, torch.float64, E, N)).to(dtype)
+        return (_draw(g, dtype, B, T, E), dt, A, _draw(g, dtype, B, T, N), _draw(g, dtype, B, T, N),
+                _draw(g, dtype, B, E, N), form, chunk)
+    return make
+
+
 def _block_args(batch, overrides=()):
     """A 7B block of the zoo with every weight random (gates' projections and biases too), a prefix's state."""
     def make(dtype, g):
@@ -460,6 +470,13 @@ CALLS = {
     ("lstm", "time_major"): [Call(f"T{T}H{H}B{B}D{D}", _time_major_args(T, H, B, D),
                                   (("width", H * D), ("rows", B)))
                              for T, H, B, D in [(9, 1, 2, 64), (1, 1, 4, 65), (5, 2, 3, 8)]],
+    # (B, T, E, N, chunk): T = 1, N = 1, E = 1, odd T, channels past one 64-channel group with a tail, T across
+    # the compiled backward's 32-token chunks and not a multiple of them.
+    **{("selective_scan", form): [Call(f"B{B}T{T}E{E}N{N}{f'-L{L}' if L else ''}", _scan_args(B, T, E, N, form, L),
+                                       (("form", form),))
+                                  for B, T, E, N, L in [(2, 37, 5, 4, None), (1, 1, 1, 1, None), (3, 70, 67, 16, 8),
+                                                        (1, 33, 1, 16, 32)]]
+       for form in ("chunked", "sequential")},
     ("mlstm7b_block", "step"): [Call(f"B{B}{'-' + '-'.join(o) if o else ''}", _block_args(B, o))
                                 for B, o in [(1, ()), (3, ("stack.blocks.m.cell.input_gate.type=sigmoid",
                                                            "stack.blocks.m.mlp.activation=gelu", "stack.blocks.m.bias=true"))]],
@@ -491,6 +508,15 @@ def _textbook_time_major(W, R, c0, h0):
     return h.permute(2, 1, 0, 3), c_T.transpose(0, 1), h_T.transpose(0, 1)
 
 
+def _textbook_scan(u, dt, A, B, C, h, form, chunk_size):
+    """Mamba's recurrence per token: h = exp(dt A) h + dt u B, y = C . h (every form the same maths)."""
+    ys = []
+    for t in range(u.shape[1]):
+        h = torch.exp(torch.einsum("be,en->ben", dt[:, t], A)) * h + torch.einsum("be,bn->ben", dt[:, t] * u[:, t], B[:, t])
+        ys.append(torch.einsum("ben,bn->be", h, C[:, t]))
+    return torch.stack(ys, dim=1), h
+
+
 def _the_blocks_own_modules(blocks, x, states, sizes):
     """The 7B block's modules, every op on the reference backend (the op steps aside there)."""
     os.environ["XLSTM_ZOO_BACKEND"] = "reference"
@@ -516,6 +542,7 @@ CALL_TEXTBOOK = {
     "block_diagonal": _textbook_block_diagonal,
     "lstm": _textbook_time_major,
     "mlstm7b_block": _the_blocks_own_modules,
+    "selective_scan": _textbook_scan,
 }
 
 

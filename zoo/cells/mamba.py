@@ -8,11 +8,9 @@
 then ``y * SiLU(z) -> out_proj``. ``A = -exp(A_log)`` is diagonal ``[E, N]``, so the decay differs
 per (channel, state) and the scan cannot become matrix products (Mamba-2's scalar decay can).
 
-Two exact forms: ``sequential`` (the recurrence token by token, the reference) and ``chunked``
-(default): every chunk runs the recurrence from a zero state, all chunks at once (``L`` steps);
-the chunk start states follow from the chunks' total decays (``T / L`` steps); each token then adds
-its chunk's start state times the product of the decays since the chunk began. About ``2 sqrt(T)`` sequential steps
-instead of ``T``. The state is ``(conv window, ssm state)``.
+The scan is the ``selective_scan`` op (:func:`xlstm_zoo.backends.selective_scan`): two exact PyTorch forms,
+``sequential`` (token by token) and ``chunked`` (default; about ``2 sqrt(T)`` sequential steps), and on the CPU
+in float32 a compiled pass that serves both. The state is ``(conv window, ssm state)``.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from xlstm_zoo import backends as ops
 from xlstm_zoo.cells.base import Cell
 from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.layers import CausalConv1d, linear
@@ -54,7 +53,7 @@ class MambaCellConfig(ZooConfig):
     dt_rank: int | None = Field(None, ge=1, description="rank of the dt projection (null: ceil(dim / 16))")
     conv_kernel: int = Field(4, ge=2, description="causal depthwise conv kernel size")
     bias: bool = Field(False, description="biases on the in and out projections (Mamba's use_bias)")
-    form: Literal["chunked", "sequential"] = Field("chunked", description="sequence form (both exact)")
+    form: Literal["chunked", "sequential"] = Field("chunked", description="sequence form (both exact; the compiled CPU scan serves both)")
     chunk_size: int | None = Field(None, ge=1, description="tokens per chunk of the chunked form (null: about sqrt(T))")
 
 
@@ -114,8 +113,8 @@ class MambaCell(Cell):
         u, _ = self.conv(u, state.conv.to(u.dtype), silu=True)
         dt, Bm, Cm = self._selective(u)
         A = -torch.exp(self.A_log.to(kept))
-        scan = sequential_scan if self.config.form == "sequential" else chunked_scan
-        y, h = scan(u, dt, A, Bm, Cm, state.ssm.to(kept), self.config.chunk_size)
+        y, h = ops.selective_scan(u, dt, A, Bm, Cm, state.ssm.to(kept), form=self.config.form,
+                                  chunk_size=self.config.chunk_size)
         return self._out(y.to(u.dtype), u, z), MambaState(conv_state, h.to(kept))
 
     def step(self, x_t, state, *, value_input=None):
@@ -128,41 +127,3 @@ class MambaCell(Cell):
         y = (h @ Cm[..., None].to(h.dtype))[..., 0]
         return self._out(y.to(u.dtype), u, z), MambaState(window[:, 1:].to(state.conv.dtype), h)
 
-
-def sequential_scan(u, dt, A, B, C, h, chunk_size=None):
-    """The reference: ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t``, ``y_t = C_t . h_t``, token by token.
-    ``u, dt [B, T, E]``, ``A [E, N]``, ``B, C [B, T, N]``, ``h [B, E, N]`` -> ``y [B, T, E]``, final ``h``."""
-    ys = []
-    for t in range(u.shape[1]):
-        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * u[:, t])[..., None] * B[:, t, None, :]
-        ys.append((h @ C[:, t, :, None].to(h.dtype))[..., 0])
-    return torch.stack(ys, dim=1), h
-
-
-def chunked_scan(u, dt, A, B, C, h0, chunk_size=None):
-    """The same scan in chunks of ``L`` tokens (see the module docstring): ``L + T / L`` sequential
-    steps over ``[B, T/L, E, N]`` tensors rather than ``T`` over ``[B, E, N]``."""
-    batch, T, E = u.shape
-    L = chunk_size or max(1, round(math.sqrt(T)))
-    chunks = -(-T // L)
-    pad = chunks * L - T  # padded tokens have dt = 0: no decay, no input, outputs dropped
-
-    def blocks(t):  # [B, T, X] -> [B, chunks, L, X]
-        return F.pad(t, (0, 0, 0, pad)).unflatten(1, (chunks, L))
-    dt_, u_, B_, C_ = blocks(dt), blocks(u), blocks(B), blocks(C)
-    decay = torch.exp(dt_[..., None] * A)  # [B, c, L, E, N], in (0, 1]
-    inputs = (dt_ * u_)[..., None] * B_[:, :, :, None, :]
-    C_ = C_[..., None].to(decay.dtype)  # [B, c, L, N, 1]
-    h, within, local_y, decays = torch.zeros_like(inputs[:, :, 0]), None, [], []
-    for i in range(L):  # every chunk from a zero state, at once; and the decay from each chunk's start
-        h = decay[:, :, i] * h + inputs[:, :, i]
-        within = decay[:, :, i] if within is None else within * decay[:, :, i]
-        local_y.append((h @ C_[:, :, i])[..., 0])
-        decays.append(within)
-    starts, carry = [], h0
-    for c in range(chunks):  # chunk start states, in order
-        starts.append(carry)
-        carry = within[:, c] * carry + h[:, c]
-    starts = torch.stack(starts, dim=1)  # [B, c, E, N]
-    y = torch.stack([local_y[i] + ((decays[i] * starts) @ C_[:, :, i])[..., 0] for i in range(L)], dim=2)
-    return y.flatten(1, 2)[:, :T], carry
