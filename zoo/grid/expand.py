@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,22 @@ class Cell:
     extra: dict = field(default_factory=dict)
 
 
+class OverriddenVariantWarning(UserWarning):
+    """A variant sets a field that the profile or ``--set`` also sets: theirs applies to every cell, over the variant's."""
+
+
+def _warn_overridden_variants(recipe, variants) -> None:
+    late = [keys for keys, _ in recipe._overrides if keys[0] not in GRID_ONLY]
+    for name, overrides in variants:
+        for path in overrides:
+            parts = path.split(".")
+            for keys in late:
+                if len(keys) <= len(parts) and list(keys) == parts[:len(keys)]:  # the late value replaces it whole
+                    warnings.warn(f"grid variant {name!r} sets {path}, but the profile or --set sets {'.'.join(keys)} "
+                                  "for every cell, after the variants: the variant's value does not apply (set it per "
+                                  "variant instead)", OverriddenVariantWarning, stacklevel=3)
+
+
 def expand(recipe) -> list[Cell]:
     grid = recipe.grid or GridConfig()
     swept = [p for p in [*grid.axes, *(p for group in grid.zipped for p in group)] if p.split(".")[0] == "launch"]
@@ -42,6 +59,7 @@ def expand(recipe) -> list[Cell]:
         raise ConfigError(f"{swept[0]} cannot be a grid axis: launch settings say how cells run, not what they "
                           "compute (set them for all cells with --set, or per variant)", path="grid", file=recipe._source)
     variants = list(grid.variants.items()) or [(None, {})]
+    _warn_overridden_variants(recipe, variants)
     axes = [[(path, value) for value in values] for path, values in grid.axes.items()]
     zipped = [[list(zip(group, values)) for values in zip(*group.values())] for group in grid.zipped]
     cells = []

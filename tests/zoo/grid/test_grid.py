@@ -13,7 +13,7 @@ import pytest
 from xlstm_zoo import load_recipe
 from xlstm_zoo.checkpoint import find_checkpoint, load_checkpoint
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.grid.expand import expand
+from xlstm_zoo.grid.expand import OverriddenVariantWarning, expand
 from xlstm_zoo.grid.report import build_report, fmt, write_report
 from xlstm_zoo.grid.runner import run_grid
 
@@ -66,11 +66,22 @@ def test_ids_are_stable_and_follow_meaning():
 def test_profile_and_set_apply_to_every_cell_last():
     data = grid_recipe()
     data["profiles"] = {"quick": {"train.steps": 3, "model.dim": 8, "grid.seeds": [5]}}
-    cells = expand(load_recipe(data, ["train.lr=0.5"], profile="quick"))
+    with pytest.warns(OverriddenVariantWarning) as caught:
+        cells = expand(load_recipe(data, ["train.lr=0.5"], profile="quick"))
+    assert [str(w.message).split(",")[0] for w in caught] == ["grid variant 'small' sets model.dim",
+                                                              "grid variant 'wide' sets model.dim"]
     assert [c.labels["seed"] for c in cells] == [5, 5], "grid.* of a profile shapes the grid"
     assert {(c.recipe.train.steps, c.recipe.model.dim, c.recipe.train.lr) for c in cells} == {(3, 8, 0.5)}
     with pytest.raises(ConfigError, match=r"unknown profile 'fast' \(profiles of this recipe: quick\)"):
         load_recipe(data, profile="fast")
+
+
+def test_a_set_inside_a_variants_value_is_no_collision(recwarn):
+    data = grid_recipe(variants={"small": {"model.stack": {"type": "xlstm", "pattern": "l",
+                                                          "blocks": {"l": {"type": "plain", "cell": {"type": "lstm"}}}}}})
+    cells = expand(load_recipe(data, ["model.stack.post_norm={type: layernorm}"]))
+    assert not [w for w in recwarn if w.category is OverriddenVariantWarning], "the --set refines the variant's stack"
+    assert cells[0].recipe.model.stack.post_norm.type == "layernorm"
 
 
 def test_bad_grids():
