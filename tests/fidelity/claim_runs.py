@@ -5,8 +5,9 @@ Each experiment is a grid recipe in ``tests/fidelity/claim/`` (parity at the pap
 
     OMP_NUM_THREADS=1 xlstm-zoo grid tests/fidelity/claim/lstm_lr.yaml --out runs/claim/lstm_lr --jobs 2
 
-This script reads the run directories' per-cell ``metrics.jsonl`` (valid and test accuracy at every
-``eval_every``) and ``result.json`` (steps run, CPU seconds), and writes into ``--out``:
+or as one cell of the shipped grid changed by overrides, with ``tests/fidelity/claim_cell.py`` (into
+``runs/claim/EXPERIMENT/cells/``, the same files). This script reads the run directories' per-cell
+``metrics.jsonl`` (valid and test accuracy at every ``eval_every``) and ``result.json`` (steps run, CPU seconds), and writes into ``--out``:
 ``curves.json`` (every cell's curve), ``results.md`` (per experiment and setting: final test accuracy
 per seed, the step each seed first reached 0.9 on test, steps run, CPU seconds) and ``curves.png``.
 
@@ -100,9 +101,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="grid run directories (each holding cells/)")
     parser.add_argument("--out", default="tests/fidelity/recorded/claim")
+    parser.add_argument("--previous", help="a curves.json recorded earlier: its cells first (their run directories gone)")
     args = parser.parse_args(argv)
-    cells = [cell for run in args.runs for d in sorted(Path(run, "cells").iterdir())
-             if (cell := read_cell(d)) is not None]
+    cells = json.loads(Path(args.previous).read_text()) if args.previous else []
+    cells += [cell for run in args.runs for d in sorted(Path(run, "cells").iterdir())
+              if (cell := read_cell(d)) is not None]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "curves.json").write_text(json.dumps(cells, indent=1) + "\n")

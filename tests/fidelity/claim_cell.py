@@ -1,0 +1,60 @@
+"""One cell of the shipped state-tracking grid, changed by overrides: the experiments behind its settings.
+
+    python tests/fidelity/claim_cell.py EXPERIMENT PROFILE VARIANT SEED [path=value ...]
+
+trains the parity cell of ``state_tracking --profile PROFILE`` for VARIANT and SEED, with the overrides
+applied to that cell (after its variant, unlike ``--set``, which applies before a variant could
+change the same field), on one thread, into ``runs/claim/EXPERIMENT/cells/<variant>__<overrides>__seed=N-<digest>``
+with ``metrics.jsonl`` and ``result.json`` (steps, early stop, CPU seconds) as a grid cell has them.
+``tests/fidelity/claim_runs.py runs/claim/*`` then tabulates and plots them. Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from xlstm_zoo.grid.expand import expand
+from xlstm_zoo.recipe.load import load_recipe
+from xlstm_zoo.training.trainer import train
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("experiment")
+    parser.add_argument("profile")
+    parser.add_argument("variant")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("overrides", nargs="*", help="path=value, applied to the cell")
+    parser.add_argument("--runs", default="runs/claim")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    grid = load_recipe("state_tracking", ["grid.axes={task.type: [parity]}"], profile=args.profile)
+    cells = [c for c in expand(grid) if c.labels["variant"] == args.variant and c.labels["seed"] == args.seed]
+    if len(cells) != 1:
+        raise SystemExit(f"no cell {args.variant!r} seed {args.seed} in profile {args.profile!r}")
+    recipe = load_recipe(cells[0].recipe, args.overrides) if args.overrides else cells[0].recipe
+    setting = "__".join(o.replace("/", "_") for o in args.overrides) or "base=1"
+    digest = hashlib.sha256(repr((args.profile, args.variant, args.seed, args.overrides)).encode()).hexdigest()[:8]
+    slug = re.sub(r"[^\w]", "_", args.variant)
+    name = f"{slug}__task.type=parity__{setting}__seed={args.seed}-{digest}"
+    run_dir = Path(args.runs, args.experiment, "cells", name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = train(recipe, run_dir)
+    result.update(status="finished", seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu)
+    (run_dir / "result.json").write_text(json.dumps(result, default=str) + "\n")
+    test = result["metrics"]["test"]["scaled_accuracy"]
+    print(f"{name}: {result['steps']} steps{' (stopped early)' if result.get('stopped_early') else ''}, "
+          f"test scaled accuracy {test:.3f}, {result['cpu_seconds']:.0f} CPU s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
