@@ -4,10 +4,8 @@ PyTorch's CPU tensors come from malloc. glibc serves a block above its mmap thre
 pages from the kernel, and trims the top of its heap above its trim threshold on every free. Both
 thresholds start at 128 KiB and only grow as the process frees large blocks, so a workload that
 allocates and frees megabyte buffers over and over (a long sequence in segments, a training step)
-keeps page-faulting freshly zeroed memory. Measured on 2 cores: the mLSTM op at B=1, T=16384 took
-11,000-18,000 page faults and ~100 ms per call with glibc's defaults, under 100 and 45-50 ms
-with the thresholds below; how many faults a call took depended on what the process had freed before
-(with the thresholds kept, a call still grows the heap by a buffer now and then).
+keeps page-faulting freshly zeroed memory (the measurement: docs/performance.md, "Measurements behind
+the kernels' limits and routing"); how many faults a call takes depends on what the process freed before.
 
 :func:`keep_freed_memory` fixes the thresholds at the ceiling glibc's own dynamic adjustment can
 reach on 64-bit (32 MiB, and twice that for trimming), from the start. The cost: up to 64 MiB of
