@@ -77,6 +77,11 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)  # float64 stays float64, halves compute in fp32
 
 
+def _schedule(ctx: BuildContext, D: int) -> tuple[float, torch.Tensor]:
+    """RWKV-4's init schedule inputs: the block's depth, 0 .. 1 through the stack, and a 0 .. 1 ramp over channels."""
+    return ctx.block_index / max(ctx.num_blocks - 1, 1), torch.arange(D) / D
+
+
 # -- the cells ------------------------------------------------------------------------------------------
 
 class RWKVConfig(ZooConfig):
@@ -95,8 +100,7 @@ class RWKVTimeMix(Cell):
         self.config = config
         D, A = ctx.dim, config.attention_dim or ctx.dim
         self.attention_dim = A
-        depth = ctx.block_index / max(ctx.num_blocks - 1, 1)  # 0 .. 1 through the stack
-        ramp = torch.arange(D) / D
+        depth, ramp = _schedule(ctx, D)
         # RWKV-4's schedule: decays spread over channels (faster deeper down), shifts mixed more early on
         self.decay = nn.Parameter(-5 + 8 * (torch.arange(A) / max(A - 1, 1)) ** (0.7 + 1.3 * depth))
         self.bonus = nn.Parameter(torch.full((A,), 0.5))
@@ -155,8 +159,7 @@ class RWKVChannelMix(Cell):
         super().__init__(ctx.dim, ctx.dim)
         self.config = config
         D, hidden = ctx.dim, config.hidden_dim or 4 * ctx.dim
-        depth = ctx.block_index / max(ctx.num_blocks - 1, 1)
-        ramp = torch.arange(D) / D
+        depth, ramp = _schedule(ctx, D)
         self.mix_k = nn.Parameter(ramp ** (1 - depth))
         self.mix_r = nn.Parameter(ramp ** (1 - depth))
         self.key, self.receptance, self.value = linear(D, hidden), linear(D, D), linear(hidden, D)
