@@ -1,8 +1,8 @@
 // Row-major matrix products for the small matrices of one mLSTM chunk block (64 x 64 at the defaults),
 // which sit in the calling thread's cache. A BLAS call pays for packing its operands first, which at
 // these sizes costs about as much as the arithmetic; here the product runs from the operands in place,
-// with register tiles of 4 rows x 16-64 columns of GCC/Clang vector types (AVX-512 or AVX2 under
-// -march=native, SSE otherwise).
+// with register tiles of 4 rows x 1-4 vectors of one register's width (AVX-512, AVX2 or SSE under
+// -march=native).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,22 @@ typedef float vfloat_mem __attribute__((vector_size(kLanes * sizeof(float)), ali
 inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_mem*>(p); }
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_mem*>(p) = v; }
 
+// The products' tiles use vectors of one register's width, and as many per row as the registers hold: 4 rows
+// x 4 accumulators and a row of B fit AVX-512's 32 registers, not AVX2's 16. A vector type wider than the
+// registers is split into register-sized parts, so 16-wide tiles on AVX2 spilled to the stack (a 64-cubed
+// product 19x slower on an AMD EPYC; docs/performance.md).
+#if defined(__AVX512F__)
+constexpr int kTileLanes = 16, kTileVectors = 4;
+#elif defined(__AVX__)
+constexpr int kTileLanes = 8, kTileVectors = 2;
+#else
+constexpr int kTileLanes = 4, kTileVectors = 2;
+#endif
+typedef float tvec __attribute__((vector_size(kTileLanes * sizeof(float)), aligned(sizeof(float))));
+typedef float tvec_mem __attribute__((vector_size(kTileLanes * sizeof(float)), aligned(sizeof(float)), may_alias));
+inline tvec tload(const float* p) { return *reinterpret_cast<const tvec_mem*>(p); }
+inline void tstore(float* p, tvec v) { *reinterpret_cast<tvec_mem*>(p) = v; }
+
 // The matrix that a product is added onto (null: none), with its row stride: C itself to accumulate, or
 // another matrix of C's shape (C = W + op(A) B without first copying W into C).
 struct Addend {
@@ -31,25 +47,25 @@ struct Addend {
     int ld;
 };
 
-// C[i0:i0+MR, j0:j0+16 NV] = (beta addend +) op(A) B, op(A) = A [M, K] or A^T for A [K, M].
+// C[i0:i0+MR, j0:j0+kTileLanes NV] = (beta addend +) op(A) B, op(A) = A [M, K] or A^T for A [K, M].
 template <bool TransA, int MR, int NV>
 inline void tile(int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc, Addend add,
                  float beta, int i0, int j0) {
-    vfloat acc[MR][NV];
+    tvec acc[MR][NV];
     for (int r = 0; r < MR; ++r)
         for (int v = 0; v < NV; ++v)
-            acc[r][v] = add.at ? vload(add.at + int64_t(i0 + r) * add.ld + j0 + v * kLanes) * beta : vfloat{};
+            acc[r][v] = add.at ? tload(add.at + int64_t(i0 + r) * add.ld + j0 + v * kTileLanes) * beta : tvec{};
     for (int k = 0; k < K; ++k) {
         const float* b_row = B + int64_t(k) * ldb + j0;
-        vfloat b[NV];
-        for (int v = 0; v < NV; ++v) b[v] = vload(b_row + v * kLanes);
+        tvec b[NV];
+        for (int v = 0; v < NV; ++v) b[v] = tload(b_row + v * kTileLanes);
         for (int r = 0; r < MR; ++r) {
             const float a = TransA ? A[int64_t(k) * lda + i0 + r] : A[int64_t(i0 + r) * lda + k];
             for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
         }
     }
     for (int r = 0; r < MR; ++r)
-        for (int v = 0; v < NV; ++v) vstore(C + int64_t(i0 + r) * ldc + j0 + v * kLanes, acc[r][v]);
+        for (int v = 0; v < NV; ++v) tstore(C + int64_t(i0 + r) * ldc + j0 + v * kTileLanes, acc[r][v]);
 }
 
 template <bool TransA, int NV>
@@ -60,26 +76,27 @@ inline void column_block(int M, int K, const float* A, int lda, const float* B, 
     for (; i < M; ++i) tile<TransA, 1, NV>(K, A, lda, B, ldb, C, ldc, add, beta, i, j0);
 }
 
-// Rows i0..i0+MR of the last `width` (< 16) columns of C, from B's columns copied into `panel` [K, 16]
-// (zeros beyond `width`): C's values go through a 16-wide row buffer, so every product is a vector one.
+// Rows i0..i0+MR of the last `width` (< kTileLanes) columns of C, from B's columns copied into `panel`
+// [K, kTileLanes] (zeros beyond `width`): C's values go through a one-vector row buffer, so every product is a
+// vector one.
 template <bool TransA, int MR>
 inline void remainder_tile(int K, const float* A, int lda, const float* panel, float* C, int ldc, Addend add,
                            float beta, int i0, int j0, int width) {
-    vfloat acc[MR];
+    tvec acc[MR];
     for (int r = 0; r < MR; ++r) {
-        float row[kLanes] = {};
+        float row[kTileLanes] = {};
         if (add.at)
             for (int c = 0; c < width; ++c) row[c] = add.at[int64_t(i0 + r) * add.ld + j0 + c] * beta;
-        acc[r] = vload(row);
+        acc[r] = tload(row);
     }
     for (int k = 0; k < K; ++k) {
-        const vfloat b = vload(panel + int64_t(k) * kLanes);
+        const tvec b = tload(panel + int64_t(k) * kTileLanes);
         for (int r = 0; r < MR; ++r)
             acc[r] += (TransA ? A[int64_t(k) * lda + i0 + r] : A[int64_t(i0 + r) * lda + k]) * b;
     }
     for (int r = 0; r < MR; ++r) {
-        float row[kLanes];
-        vstore(row, acc[r]);
+        float row[kTileLanes];
+        tstore(row, acc[r]);
         for (int c = 0; c < width; ++c) C[int64_t(i0 + r) * ldc + j0 + c] = row[c];
     }
 }
@@ -89,18 +106,21 @@ template <bool TransA>
 void gemm_b_onto(int M, int N, int K, const float* A, int lda, const float* B, int ldb, Addend add, float* C,
                  int ldc, float beta = 1.0f) {
     int j = 0;
-    for (; j + 4 * kLanes <= N; j += 4 * kLanes) column_block<TransA, 4>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
-    for (; j + 2 * kLanes <= N; j += 2 * kLanes) column_block<TransA, 2>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
-    for (; j + kLanes <= N; j += kLanes) column_block<TransA, 1>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
+    if constexpr (kTileVectors >= 4)
+        for (; j + 4 * kTileLanes <= N; j += 4 * kTileLanes)
+            column_block<TransA, 4>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
+    for (; j + 2 * kTileLanes <= N; j += 2 * kTileLanes)
+        column_block<TransA, 2>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
+    for (; j + kTileLanes <= N; j += kTileLanes) column_block<TransA, 1>(M, K, A, lda, B, ldb, C, ldc, add, beta, j);
     if (j == N) return;
-    // The last N % 16 columns (a tail chunk shorter than the chunk size, heads of other than 16k features):
-    // as vector products over a zero-padded copy of B's columns; a scalar loop here took most of the time
+    // The last N % kTileLanes columns (a tail chunk shorter than the chunk size, an odd head width): as vector
+    // products over a zero-padded copy of B's columns; a scalar loop here took most of the time
     // of short sequences (the quick grids' mLSTM op, L = 12-28 tokens).
     const int width = N - j;
     thread_local std::vector<float> panel;
-    panel.assign(size_t(K) * kLanes, 0.0f);
+    panel.assign(size_t(K) * kTileLanes, 0.0f);
     for (int k = 0; k < K; ++k)
-        for (int c = 0; c < width; ++c) panel[size_t(k) * kLanes + c] = B[int64_t(k) * ldb + j + c];
+        for (int c = 0; c < width; ++c) panel[size_t(k) * kTileLanes + c] = B[int64_t(k) * ldb + j + c];
     int i = 0;
     for (; i + 4 <= M; i += 4) remainder_tile<TransA, 4>(K, A, lda, panel.data(), C, ldc, add, beta, i, j, width);
     for (; i < M; ++i) remainder_tile<TransA, 1>(K, A, lda, panel.data(), C, ldc, add, beta, i, j, width);
