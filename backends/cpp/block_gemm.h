@@ -26,8 +26,8 @@ inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_mem*>(p) = v; 
 
 // The products' tiles use vectors of one register's width, and as many per row as the registers hold: 4 rows
 // x 4 accumulators and a row of B fit AVX-512's 32 registers, not AVX2's 16. A vector type wider than the
-// registers is split into register-sized parts, so 16-wide tiles on AVX2 spilled to the stack (a 64-cubed
-// product 19x slower on an AMD EPYC; docs/performance.md).
+// registers is split into register-sized parts, so 16-wide tiles on AVX2 spilled to the stack (measured in
+// docs/performance.md).
 #if defined(__AVX512F__)
 constexpr int kTileLanes = 16, kTileVectors = 4;
 #elif defined(__AVX__)

@@ -230,19 +230,16 @@ ONE_CALL_MAX_STATE = 128 * 128
 
 def _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates: GateSchemes, form: str, chunk_size) -> bool:
     """float32 CPU tensors and the chunkwise form, with rows enough to keep the threads busy: at least one
-    (batch, head) row per thread; or a single full chunk (the per-chunk kernels would split nothing more); or
+    (batch, head) row per thread; or a single chunk (the per-chunk kernels would split nothing more); or
     at least half the threads busy with rows of at most :data:`ONE_CALL_MAX_STATE` (the per-chunk kernels
-    pay more in their own passes than the idle threads would give). A sequence shorter than one chunk takes
-    it only with at most one row per thread: with more, the reference's batched products over all rows won
-    (docs/performance.md). Everything else (and every bad input, for its error) goes the reference way."""
+    pay more in their own passes than the idle threads would give). Everything else (and every bad
+    input, for its error) goes the reference way."""
     tensors = (q, k, v, i_pre, f_pre, *(state if state is not None else ()))
     if not (form == "chunkwise" and type(chunk_size) is int and chunk_size >= 1 and set(gates) <= set(GATE_SCHEMES)
             and _compiled(*tensors) and q.dim() == 4 and q.shape[2] > 0 and v.dim() == 4):
         return False
     rows, threads = q.shape[0] * q.shape[1], torch.get_num_threads()
-    if q.shape[2] < chunk_size:  # one partial chunk: the reference's batched products win once rows outnumber threads
-        return rows <= threads
-    return (rows >= threads or q.shape[2] == chunk_size
+    return (rows >= threads or q.shape[2] <= chunk_size
             or (2 * rows >= threads and q.shape[3] * v.shape[3] <= ONE_CALL_MAX_STATE))
 
 
