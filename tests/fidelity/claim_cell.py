@@ -35,10 +35,12 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", default="runs/claim")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    grid = load_recipe("state_tracking", ["grid.axes={task.type: [parity]}"], profile=args.profile)
+    # any seed, not only the profile's: more seeds show how often a setting fails
+    grid = load_recipe("state_tracking", ["grid.axes={task.type: [parity]}", f"grid.seeds=[{args.seed}]"],
+                       profile=args.profile)
     cells = [c for c in expand(grid) if c.labels["variant"] == args.variant and c.labels["seed"] == args.seed]
     if len(cells) != 1:
-        raise SystemExit(f"no cell {args.variant!r} seed {args.seed} in profile {args.profile!r}")
+        raise SystemExit(f"no variant {args.variant!r} in profile {args.profile!r}")
     recipe = load_recipe(cells[0].recipe, args.overrides) if args.overrides else cells[0].recipe
     setting = "__".join(o.replace("/", "_") for o in args.overrides) or "base=1"
     digest = hashlib.sha256(repr((args.profile, args.variant, args.seed, args.overrides)).encode()).hexdigest()[:8]
