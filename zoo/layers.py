@@ -35,8 +35,8 @@ class BlockDiagonalLinear(nn.Module):
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, initialisation and state_dict) whose generation steps go through
     the ``linear_step`` op: a step's input ``[B, K]`` with no gradient wanted, eager or under torch.compile,
-    on CPUs where that pays (:data:`~xlstm_zoo.backends.cpp.linear.ROUTE_STEPS`: not on Intel, whose MKL
-    GEMM is as fast; see docs/performance.md). Everything else (sequences, training, tracing, export) is
+    where :data:`~xlstm_zoo.backends.cpp.linear.ROUTE_STEPS` says so (off: torch's GEMM was as fast on the
+    CPUs measured; docs/performance.md). Everything else (sequences, training, tracing, export) is
     ``F.linear``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -133,42 +133,12 @@ void gemm_b_plain(int M, int N, int K, const float* A, int lda, const float* B, 
     gemm_b_onto<TransA>(M, N, K, A, lda, B, ldb, Addend{accumulate ? C : nullptr, ldc}, C, ldc, beta);
 }
 
-// dst [K, N] = src^T for src [N, K] (row stride lds): 8 x 8 blocks through vector shuffles (three rounds of
-// pairing rows), the edges element by element. The element-by-element copy stores one float at a time at
-// a stride; the shuffles measured >= 10% on the mLSTM op (docs/performance.md).
+// dst [K, N] = src^T for src [N, K] (row stride lds), element by element. (An 8 x 8 shuffle transpose
+// measured under the complexity budget's 10% on the mLSTM op; docs/performance.md.)
 inline void transpose_into(const float* src, int lds, int N, int K, float* dst) {
-    typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
-    typedef float v8_mem __attribute__((vector_size(8 * sizeof(float)), aligned(sizeof(float)), may_alias));
-    int n = 0;
-    for (; n + 8 <= N; n += 8) {
-        int k = 0;
-        for (; k + 8 <= K; k += 8) {
-            v8 r[8], a[4], b[4], c[8];
-            for (int i = 0; i < 8; ++i) r[i] = *reinterpret_cast<const v8_mem*>(src + int64_t(n + i) * lds + k);
-            for (int i = 0; i < 4; ++i) {  // rows 2i, 2i+1 interleaved: columns 0, 1, 4, 5 (a) and 2, 3, 6, 7 (b)
-                a[i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-                b[i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-            }
-            for (int h = 0; h < 2; ++h) {  // c[4h + j]: column j (lanes 0-3) and j + 4 (4-7) of rows 4h .. 4h+3
-                c[4 * h] = __builtin_shufflevector(a[2 * h], a[2 * h + 1], 0, 1, 8, 9, 4, 5, 12, 13);
-                c[4 * h + 1] = __builtin_shufflevector(a[2 * h], a[2 * h + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-                c[4 * h + 2] = __builtin_shufflevector(b[2 * h], b[2 * h + 1], 0, 1, 8, 9, 4, 5, 12, 13);
-                c[4 * h + 3] = __builtin_shufflevector(b[2 * h], b[2 * h + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-            }
-            for (int j = 0; j < 4; ++j) {
-                *reinterpret_cast<v8_mem*>(dst + int64_t(k + j) * N + n) =
-                    __builtin_shufflevector(c[j], c[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-                *reinterpret_cast<v8_mem*>(dst + int64_t(k + j + 4) * N + n) =
-                    __builtin_shufflevector(c[j], c[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-            }
-        }
-        for (; k < K; ++k)
-            for (int i = 0; i < 8; ++i) dst[int64_t(k) * N + n + i] = src[int64_t(n + i) * lds + k];
-    }
-    for (; n < N; ++n)
+    for (int n = 0; n < N; ++n)
         for (int k = 0; k < K; ++k) dst[int64_t(k) * N + n] = src[int64_t(n) * lds + k];
 }
-
 
 // Row-major C [M, N] (+)= op(A) op(B), op(A) [M, K], op(B) [K, N]; ld* are row strides. A transposed B
 // ([N, K] stored) is first copied transposed into scratch (K * N floats). With accumulate, C's old values

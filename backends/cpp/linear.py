@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from xlstm_zoo.backends.cpp.build import c_entry, library, pointer, unavailable_reason
 from xlstm_zoo.backends.kernel import Kernel, Limit
 
-__all__ = ["KERNEL", "LINEAR_STEP_MAX_ROWS", "ROUTE_STEPS", "compiled_linear_step", "cpu_vendor", "linear_step"]
+__all__ = ["KERNEL", "LINEAR_STEP_MAX_ROWS", "ROUTE_STEPS", "compiled_linear_step", "linear_step"]
 
 # The C entries this module calls (argument types; see build.c_entry).
 c_entry("linear_step_f32", "ptr*4 i64*4")
@@ -23,19 +23,11 @@ c_entry("linear_step_f32", "ptr*4 i64*4")
 LINEAR_STEP_MAX_ROWS = 16
 
 
-def cpu_vendor() -> str:
-    """``/proc/cpuinfo``'s vendor_id (``GenuineIntel``, ``AuthenticAMD``), "" where there is none."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
-
-
-# Whether xlstm_zoo.layers.Linear sends a step's calls here: not on Intel CPUs, where MKL's GEMM is as fast
-# at a step's sizes and the routing only adds its Python cost (docs/performance.md). The 7B block's compiled
-# step (block_step.cpp) uses the loop inside it on every CPU.
-ROUTE_STEPS = cpu_vendor() != "GenuineIntel"
+# Whether xlstm_zoo.layers.Linear sends a step's calls here: no. On the Intel and AMD (AVX2) CPUs measured,
+# torch's GEMM was as fast or faster at a step's sizes and the routing added its Python cost; the loop won
+# only from about 4M weights a map (docs/performance.md). The 7B block's compiled step (block_step.cpp)
+# uses the loop inside it on every CPU.
+ROUTE_STEPS = False
 
 
 def linear_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
