@@ -46,8 +46,8 @@ double tanh(double);
 
 // The gated MLP's gates, RMSNorm, the soft cap, the head norm and gate, the causal conv, the block-diagonal
 // map and the LSTM and sLSTM loops start with XLSTM_ZOO_WIDE_VECTORS. GCC tunes several AVX-512 CPUs for
-// 256-bit vectors (rocketlake among them) and then calls libmvec's 8-wide exp and tanh. These files gain from 512-bit vectors and the mLSTM chunk kernels lose
-// (docs/performance.md), so only these files ask. It applies to
+// 256-bit vectors (rocketlake among them) and then calls libmvec's 8-wide exp and tanh. These files gain
+// from 512-bit vectors and the mLSTM chunk kernels lose (docs/performance.md), so only these files ask. It applies to
 // functions defined after it: a loop inside a lambda handed to a template declared earlier keeps the
 // default width (so the soft cap's, the gated MLP's gates' and the causal conv's loops are out-of-line
 // functions).
