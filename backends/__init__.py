@@ -138,7 +138,8 @@ def linear_step(x, weight, bias=None, *, backend: str | None = None) -> torch.Te
     ``weight [N, K]``, ``bias [N]`` -> ``[..., N]``. Layers call it only when no gradient is wanted."""
     if torch.compiler.is_compiling():  # the dispatcher is not traced: the compiled kernel as an opaque op
         return compiled_linear_step(x, weight, bias)
-    impl = select("linear_step", x.device, x.dtype, force=backend, rows=x.numel() // max(x.shape[-1], 1))
+    impl = select("linear_step", x.device, x.dtype, force=backend, rows=x.numel() // max(x.shape[-1], 1),
+                  weights=weight.numel())
     return impl.ops["linear_step"](x, weight, bias)
 
 

@@ -11,7 +11,6 @@ from pydantic import Field
 from torch import nn
 
 from xlstm_zoo import backends as ops
-from xlstm_zoo.backends.cpp import linear as cpp_linear
 from xlstm_zoo.backends.reference.layers import causal_conv
 from xlstm_zoo.config import AddedField, ZooConfig
 
@@ -33,11 +32,10 @@ class BlockDiagonalLinear(nn.Module):
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, initialisation and state_dict) whose generation steps go through
-    the ``linear_step`` op: a step's input ``[B, K]`` with no gradient wanted, eager or under torch.compile,
-    where :data:`~xlstm_zoo.backends.cpp.linear.ROUTE_STEPS` says so (off: torch's GEMM was as fast on the
-    CPUs measured; docs/performance.md). Everything else (sequences, training, tracing, export) is
-    ``F.linear``."""
+    """``nn.Linear`` (same parameters, initialisation and state_dict) whose generation steps go through the
+    ``linear_step`` op: a step's input ``[B, K]`` with no gradient wanted, eager or under torch.compile. The
+    op's kernel limits decide what runs it (the compiled loop only for large weights, docs/backends.md).
+    Everything else (sequences, training, tracing, export) is ``F.linear``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._step_op(x):
@@ -45,7 +43,7 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
     def _step_op(self, x) -> bool:
-        return (cpp_linear.ROUTE_STEPS and type(x) is torch.Tensor and x.dim() == 2 and x.device.type == "cpu"
+        return (type(x) is torch.Tensor and x.dim() == 2 and x.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
                 and not torch.compiler.is_exporting() and not torch.jit.is_tracing())
 

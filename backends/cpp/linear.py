@@ -14,20 +14,15 @@ import torch.nn.functional as F
 from xlstm_zoo.backends.cpp.build import c_entry, library, pointer, unavailable_reason
 from xlstm_zoo.backends.kernel import Kernel, Limit
 
-__all__ = ["KERNEL", "LINEAR_STEP_MAX_ROWS", "ROUTE_STEPS", "compiled_linear_step", "linear_step"]
+__all__ = ["KERNEL", "LINEAR_STEP_MIN_WEIGHTS", "LINEAR_STEP_ROWS", "compiled_linear_step", "linear_step"]
 
 # The C entries this module calls (argument types; see build.c_entry).
 c_entry("linear_step_f32", "ptr*4 i64*4")
 
-# Up to this many rows (a step's batch size) the loop beats torch's GEMM where it is routed (docs/performance.md).
-LINEAR_STEP_MAX_ROWS = 16
-
-
-# Whether xlstm_zoo.layers.Linear sends a step's calls here: no. On the Intel and AMD (AVX2) CPUs measured,
-# torch's GEMM was as fast or faster at a step's sizes and the routing added its Python cost; the loop won
-# only from about 4M weights a map (docs/performance.md). The 7B block's compiled step (block_step.cpp)
-# uses the loop inside it on every CPU.
-ROUTE_STEPS = False
+# Where the loop beats torch's GEMM (docs/performance.md): from 2 to 8 rows (one row is torch's matrix-vector
+# product, as fast; from about 16 rows torch's GEMM catches up) and weights of at least 1M floats.
+LINEAR_STEP_ROWS = (2, 8)
+LINEAR_STEP_MIN_WEIGHTS = 1 << 20
 
 
 def linear_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,14 +57,15 @@ def _kernel():
 
 
 KERNEL = Kernel("linear", "step", "cpp", linear_step, devices=("cpu",), dtypes=(torch.float32,),
-                limits=(Limit("rows", high=LINEAR_STEP_MAX_ROWS),), notes="dot products vectorised along K, no autograd")
+                limits=(Limit("rows", low=LINEAR_STEP_ROWS[0], high=LINEAR_STEP_ROWS[1]), Limit("weights", low=LINEAR_STEP_MIN_WEIGHTS)),
+                notes="dot products vectorised along K, no autograd")
 
 
 def compiled_linear_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """:func:`linear_step` where torch.compile traces (it does not trace the dispatcher): the opaque op for
     what :data:`KERNEL` declares it serves, ``F.linear`` otherwise."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    if ROUTE_STEPS and x.dtype == weight.dtype and KERNEL.supports(x.device, x.dtype, {"rows": rows}):
+    options = {"rows": x.numel() // max(x.shape[-1], 1), "weights": weight.numel()}
+    if x.dtype == weight.dtype and KERNEL.supports(x.device, x.dtype, options):
         return _linear_step_op(x, weight, bias)
     return F.linear(x, weight, bias)
 

@@ -78,9 +78,11 @@ def test_cpu_gets_a_cpu_implementation_by_default():
             assert select(op, torch.device("cpu"), dtype).name == name, (op, dtype)
     for form in ("parallel", "recurrent"):
         assert select("mlstm_sequence", torch.device("cpu"), torch.float32, form=form).name == "reference"
-    for rows, name in ((1, "cpp" if compiled else "reference"), (16, "cpp" if compiled else "reference"),
-                       (17, "reference")):  # above 16 rows torch's GEMM is the faster one
-        assert select("linear_step", torch.device("cpu"), torch.float32, rows=rows).name == name, rows
+    # The loop where it beats torch's GEMM: 2 to 8 rows, weights of at least 1M floats.
+    for rows, weights, name in ((1, 1 << 22, "reference"), (2, 1 << 20, "cpp"), (8, 1 << 22, "cpp"),
+                                (9, 1 << 22, "reference"), (4, (1 << 20) - 1, "reference")):
+        name = name if compiled else "reference"
+        assert select("linear_step", torch.device("cpu"), torch.float32, rows=rows, weights=weights).name == name, rows
 
 
 def test_highest_priority_supporting_backend_wins(fake_backends):

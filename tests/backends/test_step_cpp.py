@@ -126,55 +126,57 @@ def test_mlstm_step_under_torch_compile_runs_the_reference():
     assert_close(compiled(*inputs), reference_step(*inputs, state)[0], kind="kernel", what="h", dtype=torch.float32)
 
 
+LARGE = cpp_linear.LINEAR_STEP_MIN_WEIGHTS  # the loop's smallest weight: 1024 x 1024 floats
+
+
 def routed(layer, x, monkeypatch) -> bool:
-    """Whether ``layer(x)`` went through the linear_step op (which is watched for the call)."""
-    calls = []
-    real = ops.linear_step
-    monkeypatch.setattr(ops, "linear_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    """Whether ``layer(x)`` ran the cpp ``linear_step`` kernel (watched for the call)."""
+    calls = kernel_calls(monkeypatch, "linear_step")
     layer(x)
-    monkeypatch.setattr(ops, "linear_step", real)
     return bool(calls)
 
 
-def test_linear_routes_only_a_steps_inference_calls(monkeypatch):
-    monkeypatch.setattr(cpp_linear, "ROUTE_STEPS", True)  # routing on (off by default)
+def test_linear_routes_only_a_steps_inference_calls_with_a_large_weight(monkeypatch):
+    assert 1024 * 1024 == LARGE
     torch.manual_seed(0)
-    layer = Linear(24, 40)
-    plain = torch.nn.Linear(24, 40)
+    layer = Linear(1024, 1024)
+    plain = torch.nn.Linear(1024, 1024)
     assert list(layer.state_dict()) == list(plain.state_dict()), "the same parameters as nn.Linear"
-    step, sequence = randn(3, 24), randn(3, 5, 24)
+    step, sequence = randn(3, 1024), randn(3, 5, 1024)
     with torch.no_grad():
         assert routed(layer, step, monkeypatch)
         assert not routed(layer, sequence, monkeypatch)
+        assert not routed(layer, randn(1, 1024), monkeypatch), "one row: torch's matrix-vector product"
+        assert not routed(layer, randn(9, 1024), monkeypatch), "more rows than the kernel's limit"
         assert_close(layer(step), F.linear(step, layer.weight, layer.bias), kind="kernel", what="y",
                      dtype=torch.float32)
     assert not routed(layer, step, monkeypatch), "training calls keep autograd"
     layer(step).sum().backward()
     assert layer.weight.grad is not None
     monkeypatch.setenv(ENV_FORCE, "fused")  # a forced backend without the op: the reference runs it
-    calls = kernel_calls(monkeypatch, "linear_step")
-    with torch.no_grad():
-        assert torch.equal(layer(step), F.linear(step, layer.weight, layer.bias))
-    assert calls == []
-
-
-def test_linear_routes_nothing_where_the_loop_does_not_pay(monkeypatch):
-    monkeypatch.setattr(cpp_linear, "ROUTE_STEPS", False)
-    layer, step = Linear(24, 40), randn(3, 24)
     with torch.no_grad():
         assert not routed(layer, step, monkeypatch)
         assert torch.equal(layer(step), F.linear(step, layer.weight, layer.bias))
 
 
-def test_linear_under_torch_compile_calls_the_kernel_as_an_opaque_op(monkeypatch):
-    monkeypatch.setattr(cpp_linear, "ROUTE_STEPS", True)
+def test_linear_leaves_weights_below_the_kernels_limit_to_torch(monkeypatch):
+    layer, step = Linear(1023, 1024), randn(3, 1023)  # one column short of the limit
+    assert layer.weight.numel() < LARGE
+    with torch.no_grad():
+        assert not routed(layer, step, monkeypatch)
+        assert torch.equal(layer(step), F.linear(step, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("in_features, routed_to_kernel", [(1024, True), (24, False)])
+def test_linear_under_torch_compile_calls_the_kernel_as_an_opaque_op(in_features, routed_to_kernel):
     torch.manual_seed(0)
-    layer, x = Linear(24, 40), randn(3, 24)
+    layer, x = Linear(in_features, 1024), randn(3, in_features)
     with torch.no_grad():  # fullgraph: a graph break (e.g. in the dispatcher) would be an error
         graphs = []
         compiled = torch.compile(layer, fullgraph=True, backend=lambda gm, _: graphs.append(gm) or gm.forward)
         y = compiled(x)
-    assert any("xlstm_zoo.linear_step" in str(node.target) for gm in graphs for node in gm.graph.nodes)
+    called = any("xlstm_zoo.linear_step" in str(node.target) for gm in graphs for node in gm.graph.nodes)
+    assert called == routed_to_kernel
     assert_close(y, F.linear(x, layer.weight, layer.bias), kind="kernel", what="y", dtype=torch.float32)
 
 

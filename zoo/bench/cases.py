@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from xlstm_zoo.backends import GateSchemes, mlstm_sequence
+from xlstm_zoo.backends import GateSchemes, linear_step, mlstm_sequence
 from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
 from xlstm_zoo.config import BuildContext
 from xlstm_zoo.recipe import build, load_recipe
@@ -70,6 +70,8 @@ class Scale:
     large_heads: int = 4
     large_step_batches: tuple[int, ...] = (1, 16)
     large_prefill: int = 64
+    linear_rows: tuple[int, ...] = (1, 2, 4, 8, 16)  # the linear_step op's cases: a step's rows
+    linear_size: int = 1024       # ... through 8 square maps of this size (8 x 4 MiB at 1024: from memory)
     gemm_size: int = 1024         # the square fp32 GEMM of the roofline column
     seed: int = 0
 
@@ -79,7 +81,7 @@ QUICK = replace(FULL, name="quick", sweep_lengths=(256, 1024, 4096), official_pr
 SMOKE = replace(FULL, name="smoke", batch=1, seq_len=32, dim=16, heads=4, op_head_dim=8, chunk_size=8,
                 sweep_lengths=(16, 32, 64), sweep_ref=32, positions=(2, 8), official_prefill_max=8,
                 large_dims=(32,), large_seq_len=32, large_vocab=50, large_blocks=2, large_step_batches=(1, 2),
-                large_prefill=8, gemm_size=64)
+                large_prefill=8, linear_rows=(1, 2), linear_size=64, gemm_size=64)
 SCALES = {s.name: s for s in (FULL, QUICK, SMOKE)}
 
 
@@ -563,6 +565,35 @@ def _step_linears(scale: Scale, dim: int, batch: int, *, ours: bool) -> Prepared
     return Prepared(fn, count(model), note="our Linear layers (linear.step op)" if ours else "torch.nn.functional.linear")
 
 
+# --- a step's linear maps: the linear_step op vs F.linear ---------------------------------------------------
+
+LINEAR_MAPS = 8  # more weight than the caches hold, so each map comes from memory as in a model's step
+
+
+def _linear_maps(scale: Scale, rows: int, *, ours: bool) -> Prepared:
+    g = torch.Generator().manual_seed(scale.seed)
+    n = scale.linear_size
+    maps = [(torch.randn(n, n, generator=g), torch.randn(n, generator=g)) for _ in range(LINEAR_MAPS)]
+    x = torch.randn(rows, n, generator=g)
+    run = linear_step if ours else F.linear
+
+    def fn():
+        with torch.no_grad():
+            for W, b in maps:
+                run(x, W, b)
+    return Prepared(fn, LINEAR_MAPS * n * (n + 1),
+                    note="xlstm_zoo.backends.linear_step (the dispatcher's choice)" if ours else "F.linear")
+
+
+def _linear_step_cases(scale: Scale) -> list[Case]:
+    n = scale.linear_size
+    return [Case(f"linear_step/B={rows}", "a step's linear maps: the linear_step op vs F.linear",
+                 f"B={rows}, {LINEAR_MAPS} maps {n} x {n} fp32",
+                 lambda rows=rows: _linear_maps(scale, rows, ours=True),
+                 lambda rows=rows: _linear_maps(scale, rows, ours=False),
+                 baseline_name="F.linear", sample_factor=GENERATION_SAMPLE_FACTOR) for rows in scale.linear_rows]
+
+
 # --- our LSTM cell vs torch.nn.LSTM (oneDNN) -------------------------------------------------------------
 
 
@@ -718,7 +749,8 @@ def _baseline_layer_cases(scale: Scale) -> list[Case]:
 def make_cases(scale: Scale = FULL) -> list[Case]:
     """Every case at this scale, in table order."""
     return (_architecture_cases(scale) + _large_cases(scale) + _lstm_cases(scale) + _op_cases(scale)
-            + _sweep_cases(scale) + _generation_cases(scale) + _rwkv_cases(scale) + _baseline_layer_cases(scale))
+            + _linear_step_cases(scale) + _sweep_cases(scale) + _generation_cases(scale) + _rwkv_cases(scale)
+            + _baseline_layer_cases(scale))
 
 
 def case_names(scale: Scale = FULL) -> list[str]:
