@@ -8,7 +8,9 @@
 // and dbias = sum_n dy, summed per block of rows, then over the blocks in order (the same bits on any
 // thread count).
 
-#include "block_gemm.h"
+#include <cstdint>
+#include <vector>
+
 #include "loops.h"
 
 XLSTM_ZOO_WIDE_VECTORS
@@ -16,6 +18,14 @@ XLSTM_ZOO_WIDE_VECTORS
 using namespace xlstm_zoo;
 
 namespace {
+
+// Vectors of 16 floats, whatever the registers' width: a vector holds 16 / S whole blocks (a wider type
+// than the registers is split into register-sized parts by the compiler).
+constexpr int kLanes = 16;
+typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float)), aligned(sizeof(float))));
+typedef float vfloat_mem __attribute__((vector_size(kLanes * sizeof(float)), aligned(sizeof(float)), may_alias));
+inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_mem*>(p); }
+inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_mem*>(p) = v; }
 
 typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
 

@@ -5,8 +5,8 @@
 // -march=native).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -14,15 +14,6 @@
 #endif
 
 namespace xlstm_zoo {
-
-constexpr int kLanes = 16;
-typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float)), aligned(sizeof(float))));
-
-// Unaligned loads and stores through a may_alias vector type. (Not memcpy: GCC tuned for some Intel CPUs
-// copies 64 bytes as two 32-byte halves through the stack, which stalls every load; docs/performance.md.)
-typedef float vfloat_mem __attribute__((vector_size(kLanes * sizeof(float)), aligned(sizeof(float)), may_alias));
-inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_mem*>(p); }
-inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_mem*>(p) = v; }
 
 // The products' tiles use vectors of one register's width, and as many per row as the registers hold: 4 rows
 // x 4 accumulators and a row of B fit AVX-512's 32 registers, not AVX2's 16. A vector type wider than the
@@ -36,6 +27,8 @@ constexpr int kTileLanes = 8, kTileVectors = 2;
 constexpr int kTileLanes = 4, kTileVectors = 2;
 #endif
 typedef float tvec __attribute__((vector_size(kTileLanes * sizeof(float)), aligned(sizeof(float))));
+// Unaligned loads and stores through a may_alias type: memcpy stalled on GCC's tuning for some Intel CPUs
+// (docs/performance.md).
 typedef float tvec_mem __attribute__((vector_size(kTileLanes * sizeof(float)), aligned(sizeof(float)), may_alias));
 inline tvec tload(const float* p) { return *reinterpret_cast<const tvec_mem*>(p); }
 inline void tstore(float* p, tvec v) { *reinterpret_cast<tvec_mem*>(p) = v; }

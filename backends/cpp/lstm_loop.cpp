@@ -107,19 +107,23 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
 
 // ---- float32: all batch rows per token, units split over threads -------------------------------------
 
-// The units [j0, j1) of every head that thread `index` of `count` owns (contiguous, multiples of 16 where
-// possible, so that its columns are whole vectors).
+// Units are split over threads in blocks of 16 (whole vectors on every ISA); heads narrower than that run
+// the row loop.
+constexpr int64_t kUnitBlock = 16;
+
+// The units [j0, j1) of every head that thread `index` of `count` owns (contiguous, multiples of
+// kUnitBlock where possible).
 inline void owned_units(int64_t D, int index, int count, int64_t& j0, int64_t& j1) {
-    const int64_t blocks = (D + kLanes - 1) / kLanes;
-    j0 = std::min(D, blocks * index / count * kLanes);
-    j1 = std::min(D, blocks * (index + 1) / count * kLanes);
+    const int64_t blocks = (D + kUnitBlock - 1) / kUnitBlock;
+    j0 = std::min(D, blocks * index / count * kUnitBlock);
+    j1 = std::min(D, blocks * (index + 1) / count * kUnitBlock);
 }
 
 // Threads for a batched loop: a barrier per token costs about a microsecond, so each thread needs some
 // thousands of multiply-adds per token (and at least one vector of units).
 inline int batched_threads(int64_t heads, int64_t batch, int64_t D, int64_t threads) {
     const int64_t per_token = heads * batch * D * 4 * D;
-    return int(std::max<int64_t>(1, std::min({threads, per_token / (int64_t(1) << 15), (D + kLanes - 1) / kLanes})));
+    return int(std::max<int64_t>(1, std::min({threads, per_token / (int64_t(1) << 15), (D + kUnitBlock - 1) / kUnitBlock})));
 }
 
 // The threads of one team wait for each other once per token: OpenMP's own barrier (an orphaned directive
@@ -241,7 +245,7 @@ extern "C" void xlstm_zoo_lstm_forward_f32(const float* W, const float* R, const
                                           float* C, float* Hs, int64_t steps, int64_t heads, int64_t batch,
                                           int64_t dim, int64_t threads) {
     const Problem<float> p{W, R, c0, h0, G, C, Hs, steps, heads, batch, dim};
-    if (dim >= kLanes) forward_batched(p, threads);
+    if (dim >= kUnitBlock) forward_batched(p, threads);
     else run(p, forward_rows<float>, threads);  // heads narrower than a vector: the row loop is faster
 }
 
@@ -250,7 +254,7 @@ extern "C" void xlstm_zoo_lstm_backward_f32(const float* G, const float* Rt, con
                                            int64_t steps, int64_t heads, int64_t batch, int64_t dim,
                                            int64_t threads) {
     const Gradients<float> p{G, Rt, C, dH, dcT, dhT, dG, dc0, dh0, steps, heads, batch, dim};
-    if (dim >= kLanes) backward_batched(p, threads);
+    if (dim >= kUnitBlock) backward_batched(p, threads);
     else run(p, backward_rows<float>, threads);
 }
 
