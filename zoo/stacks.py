@@ -17,7 +17,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from xlstm_zoo.backends.cpp.block_step import registrations
+from xlstm_zoo.backends.block_step import registrations
 from xlstm_zoo.blocks.post_up import PostUpBlockConfig
 from xlstm_zoo.blocks.pre_up import PreUpBlockConfig
 from xlstm_zoo.cells.base import StateSpec
