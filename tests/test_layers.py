@@ -54,8 +54,8 @@ def test_the_contract_layers_match_the_tool():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("importlinter") is None, reason="import-linter is not installed")
-def test_import_linter_contract_holds():
+def test_import_linter_contracts_hold():
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "lint_imports.py")], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "1 kept, 0 broken" in proc.stdout
+    assert "2 kept, 0 broken" in proc.stdout  # the layers, and model code off the backends' kernels
