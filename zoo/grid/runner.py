@@ -27,7 +27,10 @@ from __future__ import annotations
 import functools
 import json
 import multiprocessing
+import os
+import signal
 import socket
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -355,15 +358,48 @@ def portable(cell: Cell) -> Cell:
 
 def _worker_init(threads: int, worker_setup: Callable[[], None] | None) -> None:
     torch.set_num_threads(threads)
+    # Ctrl-C stops a worker's cell (checkpoint, claim released) even where the grid was started with SIGINT
+    # ignored (a shell's background job); and so does its driver's death.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _stop_when_orphaned(os.getppid())
     if worker_setup is not None:
         worker_setup()
+
+
+ORPHAN_POLL_S = 1.0
+ORPHAN_GRACE_S = 60.0  # for the interrupted cell to checkpoint its last whole step and release its claim
+_cell_running = threading.Event()
+
+
+def _stop_when_orphaned(driver: int) -> None:
+    """Watch the driver process: once it is gone (killed: Ctrl-C would have reached the worker too), stop the
+    running cell as Ctrl-C does, then exit. A worker must not go on training for a grid nobody runs, holding
+    its cell's claim against the next launch."""
+    def watch():
+        while os.getppid() == driver:
+            time.sleep(ORPHAN_POLL_S)
+        if _cell_running.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.time() + ORPHAN_GRACE_S
+            while _cell_running.is_set() and time.time() < deadline:
+                time.sleep(0.1)
+        os._exit(1)  # the driver's queues are gone: nothing more to take or report
+
+    threading.Thread(target=watch, name="xlstm-zoo-orphan-watch", daemon=True).start()
 
 
 def worker_run_cell(cell: Cell, out_dir: str, retry_failed: bool = False, since: float | None = None,
                      executor: str = "local") -> dict:
     """Run a :func:`portable` cell in a worker process: rebuild its recipe from this process's
     registry and check that it means the same as in the driver."""
-    out = Path(out_dir)
+    _cell_running.set()
+    try:
+        return _worker_run_cell(cell, Path(out_dir), retry_failed, since, executor)
+    finally:
+        _cell_running.clear()
+
+
+def _worker_run_cell(cell: Cell, out: Path, retry_failed: bool, since: float | None, executor: str) -> dict:
     if not (out / "grid.json").exists():
         raise ZooError(f"{out} is not visible on {socket.gethostname()}: the run directory must be on storage "
                        "every worker mounts at the same path")

@@ -9,12 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import toy_task
 
 TESTS = Path(__file__).resolve().parents[2]
 DRIVER = """
 import sys
 sys.path.insert(0, {tests!r})
+import pytest
 import toy_task
 toy_task.register()
 from xlstm_zoo.cli import main
@@ -56,3 +58,60 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
     events = [json.loads(line) for line in metrics.read_text().splitlines() if "event" in line]
     assert [e["event"] for e in events] == ["interrupted", "resumed"] and events[0]["step"] == events[1]["step"]
     assert json.loads((cell / "result.json").read_text())["attempt"] == 2
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (an orphan's exit is reaped by whoever adopted it, maybe never in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc (Linux)")
+def test_workers_stop_their_cells_when_the_driver_is_killed(tmp_path):
+    # kill -9 of the grid's process (not Ctrl-C, which reaches the whole process group): its spawned workers
+    # checkpoint and release their cells and exit instead of training on. A shipped task: spawned workers
+    # rebuild the registry from scratch.
+    data = {"model": {"type": "causal_lm", "vocab_size": None, "dim": 8, "tie_weights": False,
+                      "stack": {"type": "xlstm", "pattern": "l",
+                                "blocks": {"l": {"type": "plain", "cell": {"type": "lstm"}}}}},
+            "task": {"type": "parity", "train_lengths": [2, 4], "test_lengths": [5, 6], "eval_sequences": 8},
+            "train": {"steps": 100000, "batch_size": 4, "warmup_steps": 0, "log_every": 5, "eval_splits": ["valid"]},
+            "grid": {"seeds": [0, 1]}}
+    recipe = tmp_path / "grid.json"
+    recipe.write_text(json.dumps(data))
+    out = tmp_path / "run"
+    driver = f"from xlstm_zoo.cli import main; main(['grid', {str(recipe)!r}, '--out', {str(out)!r}, '--jobs', '2'])"
+    log = tmp_path / "grid.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", driver], stdout=sink, stderr=sink,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    workers = []
+    try:
+        deadline = time.time() + 180
+        while len([m for m in out.glob("cells/*/metrics.jsonl") if len(m.read_text().splitlines()) >= 2]) < 2:
+            assert time.time() < deadline and proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.1)
+        workers = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) == 2, workers
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 90
+        while any(_alive(pid) for pid in workers):
+            assert time.time() < deadline, "the workers are still training after their driver was killed"
+            time.sleep(0.2)
+    finally:  # nothing of this test trains on after it
+        proc.kill()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    for cell in out.glob("cells/*"):
+        assert not (cell / "claim.json").exists() and not (cell / "result.json").exists()
+        events = [json.loads(line)["event"] for line in (cell / "metrics.jsonl").read_text().splitlines()
+                  if "event" in line]
+        assert events == ["interrupted"], events
