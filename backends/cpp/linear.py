@@ -57,7 +57,8 @@ def _kernel():
 
 
 KERNEL = Kernel("linear", "step", "cpp", linear_step, devices=("cpu",), dtypes=(torch.float32,),
-                limits=(Limit("rows", low=LINEAR_STEP_ROWS[0], high=LINEAR_STEP_ROWS[1]), Limit("weights", low=LINEAR_STEP_MIN_WEIGHTS)),
+                limits=(Limit("rows", low=LINEAR_STEP_ROWS[0], high=LINEAR_STEP_ROWS[1]),
+                        Limit("weights", low=LINEAR_STEP_MIN_WEIGHTS)),
                 notes="dot products vectorised along K, no autograd")
 
 

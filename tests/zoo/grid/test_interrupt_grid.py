@@ -16,7 +16,6 @@ TESTS = Path(__file__).resolve().parents[2]
 DRIVER = """
 import sys
 sys.path.insert(0, {tests!r})
-import pytest
 import toy_task
 toy_task.register()
 from xlstm_zoo.cli import main
