@@ -25,6 +25,16 @@ from xlstm_zoo.recipe.load import load_recipe
 from xlstm_zoo.training.trainer import train
 
 
+def cell_recipe(profile: str, variant: str, seed: int, overrides: list[str]):
+    """The parity cell of ``state_tracking --profile PROFILE`` for VARIANT and SEED, with the overrides
+    applied to the cell. Any seed, not only the profile's: more seeds show how often a setting fails."""
+    grid = load_recipe("state_tracking", ["grid.axes={task.type: [parity]}", f"grid.seeds=[{seed}]"], profile=profile)
+    cells = [c for c in expand(grid) if c.labels["variant"] == variant and c.labels["seed"] == seed]
+    if len(cells) != 1:
+        raise SystemExit(f"no variant {variant!r} in profile {profile!r}")
+    return load_recipe(cells[0].recipe, overrides) if overrides else cells[0].recipe
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment")
@@ -35,13 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", default="runs/claim")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    # any seed, not only the profile's: more seeds show how often a setting fails
-    grid = load_recipe("state_tracking", ["grid.axes={task.type: [parity]}", f"grid.seeds=[{args.seed}]"],
-                       profile=args.profile)
-    cells = [c for c in expand(grid) if c.labels["variant"] == args.variant and c.labels["seed"] == args.seed]
-    if len(cells) != 1:
-        raise SystemExit(f"no variant {args.variant!r} in profile {args.profile!r}")
-    recipe = load_recipe(cells[0].recipe, args.overrides) if args.overrides else cells[0].recipe
+    recipe = cell_recipe(args.profile, args.variant, args.seed, args.overrides)
     setting = "__".join(o.replace("/", "_") for o in args.overrides) or "base=1"
     digest = hashlib.sha256(repr((args.profile, args.variant, args.seed, args.overrides)).encode()).hexdigest()[:8]
     slug = re.sub(r"[^\w]", "_", args.variant)

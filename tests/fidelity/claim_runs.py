@@ -70,7 +70,7 @@ def summary_table(cells: list[dict]) -> str:
             f"| {statistics.mean(tests):.3f} | {', '.join(str(first_step_at(c['curve']) or '-') for c in group)} "
             f"| {', '.join(str(c['steps']) + ('*' if c['stopped_early'] else '' if c['finished'] else '+') for c in group)} "
             f"| {', '.join(f'{s:.0f}' for s in cpu) or '-'} |")
-    notes = ("`*`: stopped early by `train.early_stop` (valid accuracy 1.0 reached); `+`: the experiment was "
+    notes = ("`*`: stopped early by the cell's `train.early_stop` rule (on the valid split); `+`: the experiment was "
              "stopped at this step (the accuracy is the last evaluation's).")
     return "\n".join(lines) + "\n\n" + notes + "\n"
 

@@ -15,9 +15,21 @@ class EarlyStop(ZooConfig):
     on the ``valid`` split only (the train lengths), never on the test split it is reported on."""
 
     split: Literal["valid"] = Field("valid", description="the split judged: valid only (stopping on test would leak it)")
-    metric: str = Field("accuracy", description="a metric the task reports, e.g. accuracy")
-    at_least: float = Field(description="stop when the metric is at least this")
+    metric: str = Field("accuracy", description="a metric the task reports, e.g. accuracy or loss")
+    at_least: float | None = Field(None, description="stop when the metric is at least this (accuracy-like)")
+    at_most: float | None = Field(None, description="stop when the metric is at most this (loss-like)")
     evals: int = Field(1, ge=1, description="... at this many consecutive evaluations")
+
+    @model_validator(mode="after")
+    def _one_level(self):
+        if (self.at_least is None) == (self.at_most is None):
+            raise ValueError(f"early_stop needs exactly one of at_least (a metric to rise, e.g. accuracy) and "
+                             f"at_most (a metric to fall, e.g. loss); got at_least={self.at_least}, "
+                             f"at_most={self.at_most}")
+        return self
+
+    def met(self, value: float) -> bool:
+        return value >= self.at_least if self.at_least is not None else value <= self.at_most
 
 
 class TrainConfig(ZooConfig):

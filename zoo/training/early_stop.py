@@ -6,8 +6,9 @@ from xlstm_zoo.errors import ConfigError
 
 
 class EarlyStopper:
-    """Fed each periodic evaluation; says when ``rule.metric`` on ``rule.split`` has been at least
-    ``rule.at_least`` for ``rule.evals`` evaluations in a row. ``rule=None`` never stops."""
+    """Fed each periodic evaluation; says when ``rule.metric`` on ``rule.split`` has met the rule's
+    level (at least ``at_least`` or at most ``at_most``) for ``rule.evals`` evaluations in a row.
+    ``rule=None`` never stops."""
 
     def __init__(self, rule):
         self.rule, self.streak = rule, 0
@@ -19,5 +20,5 @@ class EarlyStopper:
         if self.rule.metric not in metrics:
             raise ConfigError(f"early_stop.metric {self.rule.metric!r} is not a metric of this task; "
                               f"it reports {', '.join(sorted(metrics))}", path="train.early_stop.metric")
-        self.streak = self.streak + 1 if metrics[self.rule.metric] >= self.rule.at_least else 0
+        self.streak = self.streak + 1 if self.rule.met(metrics[self.rule.metric]) else 0
         return self.streak >= self.rule.evals

@@ -43,7 +43,16 @@ def test_consecutive_evaluations():
     assert seen == [False, False, False, True]
 
 
+def test_a_loss_level_stops_once_the_loss_is_at_most_it():
+    stopper = EarlyStopper(load_recipe(toy_task.recipe(eval_every=5, early_stop={"metric": "loss", "at_most": 0.01}))
+                           .train.early_stop)
+    seen = [stopper.reached({"valid": {"loss": x, "accuracy": 1.0}}) for x in (0.5, 0.02, 0.01)]
+    assert seen == [False, False, True], "accuracy 1.0 alone does not meet a loss rule; the level itself does"
+
+
 @pytest.mark.parametrize("train_fields, message", [
+    ({"early_stop": {"metric": "loss"}, "eval_every": 5}, "exactly one of at_least .* and at_most"),
+    ({"early_stop": {"at_least": 1.0, "at_most": 0.1}, "eval_every": 5}, "exactly one of at_least"),
     ({"early_stop": {"at_least": 1.0}}, "set eval_every > 0"),
     ({"early_stop": {"at_least": 1.0}, "eval_every": 5, "eval_splits": ["test"]}, "include 'valid' in eval_splits"),
     ({"early_stop": {"at_least": 1.0, "split": "test"}, "eval_every": 5}, "valid"),

@@ -1,0 +1,68 @@
+"""How one parity cell leaves its plateau: loss and accuracy per input length while it trains.
+
+    python tests/fidelity/plateau_by_length.py PROFILE VARIANT SEED [path=value ...] [--every 50] [--until STEP]
+
+trains the parity cell of ``state_tracking --profile PROFILE`` for VARIANT and SEED (the overrides
+applied to the cell, as ``claim_cell.py`` does; the early-stop rule is switched off) on one thread,
+and every ``--every`` steps prints one line: the training loss and, for 512 fixed inputs of each of
+the lengths 3, 4, 6, 8, 12, 20 and 40, the loss and accuracy at the answer. It answers whether a seed
+on the plateau fits the short inputs first or nothing at all. Writes nothing; not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from claim_cell import cell_recipe
+from xlstm_zoo.tasks.base import IGNORE
+from xlstm_zoo.training.distributed import DistContext
+from xlstm_zoo.training.trainer import _Run
+
+LENGTHS = (3, 4, 6, 8, 12, 20, 40)
+
+
+def by_length(model, probes: dict) -> dict[int, tuple[float, float]]:
+    """{length: (loss, accuracy)} at the scored positions of each length's fixed inputs."""
+    model.eval()
+    out = {}
+    with torch.no_grad():
+        for n, batch in probes.items():
+            logits, _ = model(batch.tokens)
+            scored = batch.targets != IGNORE
+            logits, targets = logits[scored].float(), batch.targets[scored]
+            out[n] = (torch.nn.functional.cross_entropy(logits, targets).item(),
+                      (logits.argmax(-1) == targets).float().mean().item())
+    model.train()
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("profile")
+    parser.add_argument("variant")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("overrides", nargs="*", help="path=value, applied to the cell")
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--until", type=int, default=None, help="stop after this step (default: train.steps)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    recipe = cell_recipe(args.profile, args.variant, args.seed, [*args.overrides, "train.early_stop=null"])
+    cfg = recipe.train
+    run = _Run.prepare(recipe, cfg, DistContext.from_env(), cfg.batch_size, "cpu", None)
+    generator = torch.Generator().manual_seed(12345)
+    probes = {n: run.task.generate(n, 512, generator) for n in LENGTHS}
+    print("step  train-loss  " + "  ".join(f"len {n}: loss acc" for n in LENGTHS))
+    for step in range(min(args.until or cfg.steps, cfg.steps)):
+        loss, _ = run.loss_and_gradients(step)
+        run.optimizer.step()
+        if (step + 1) % args.every == 0:
+            row = by_length(run.model, probes)
+            print(f"{step + 1:5d}  {loss.item():.3f}       " + "  ".join(
+                f"{row[n][0]:.3f} {row[n][1]:.2f}".ljust(len(f"len {n}: loss acc")) for n in LENGTHS), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
