@@ -46,8 +46,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     for cell in args.cells:
         recipe, trained, state = load_checkpoint(cell / "checkpoint")
+        torch.manual_seed(recipe.train.seed)  # as the trainer does, before building the task and the model
         task = build_task(recipe)
-        torch.manual_seed(recipe.train.seed)  # as the trainer does before building the model
         initial = build_model_for(recipe, task)
         batch = task.generate(3, 512, torch.Generator().manual_seed(1))
         print(f"{cell.name} (step {state.get('step')}):")

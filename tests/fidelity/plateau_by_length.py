@@ -16,24 +16,21 @@ import argparse
 import torch
 
 from claim_cell import cell_recipe
-from xlstm_zoo.tasks.base import IGNORE
 from xlstm_zoo.training.distributed import DistContext
 from xlstm_zoo.training.trainer import _Run
 
 LENGTHS = (3, 4, 6, 8, 12, 20, 40)
 
 
-def by_length(model, probes: dict) -> dict[int, tuple[float, float]]:
-    """{length: (loss, accuracy)} at the scored positions of each length's fixed inputs."""
+def by_length(model, task, probes: dict) -> dict[int, tuple[float, float]]:
+    """{length: (loss, accuracy)} at the scored positions of each length's fixed inputs (``task.score``)."""
     model.eval()
     out = {}
     with torch.no_grad():
         for n, batch in probes.items():
             logits, _ = model(batch.tokens)
-            scored = batch.targets != IGNORE
-            logits, targets = logits[scored].float(), batch.targets[scored]
-            out[n] = (torch.nn.functional.cross_entropy(logits, targets).item(),
-                      (logits.argmax(-1) == targets).float().mean().item())
+            scores = task.score(logits, batch)
+            out[n] = tuple(total / count for total, count in (scores["loss"], scores["accuracy"]))
     model.train()
     return out
 
@@ -58,7 +55,7 @@ def main(argv=None) -> int:
         loss, _ = run.loss_and_gradients(step)
         run.optimizer.step()
         if (step + 1) % args.every == 0:
-            row = by_length(run.model, probes)
+            row = by_length(run.model, run.task, probes)
             print(f"{step + 1:5d}  {loss.item():.3f}       " + "  ".join(
                 f"{row[n][0]:.3f} {row[n][1]:.2f}".ljust(len(f"len {n}: loss acc")) for n in LENGTHS), flush=True)
     return 0
