@@ -43,6 +43,9 @@ class TrainConfig(ZooConfig):
     no_weight_decay: list[Role] = Field(
         default_factory=list, description="init roles whose matrices get no weight decay "
                                           "(the official xLSTM skips [embedding, recurrent])")
+    frozen: list[Role] = AddedField(
+        [], description="init roles whose weights are never updated, e.g. [head]: the output head stays at its "
+                        "random init, so the answer cannot be taught to ignore the blocks' features")
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_steps: int = Field(100, ge=0, description="linear warm-up, then cosine decay")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate = min_lr_ratio * lr")

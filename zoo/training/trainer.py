@@ -26,7 +26,7 @@ import torch
 from xlstm_zoo.checkpoint import STATE, find_checkpoint, load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
-from xlstm_zoo.initialization import parameter_roles
+from xlstm_zoo.initialization import KEEP, parameter_roles
 from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
 from xlstm_zoo.training.early_stop import EarlyStopper
@@ -75,6 +75,19 @@ def check_step_fits(recipe, task: Task, rows: int, device: str) -> None:
 
 def _step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def freeze(model, roles) -> None:
+    """Stop the weights of the given init roles from training (no gradient, no optimiser state)."""
+    by_role = list(parameter_roles(model).values())
+    for role in roles:
+        params = [p for p, r in by_role if r == role]
+        if not params:
+            present = sorted({r for _, r in by_role if r != KEEP})
+            raise ConfigError(f"train.frozen names role {role!r}, but this model has no weight with that role "
+                              f"(its roles: {', '.join(present)}; a tied head is the embedding)", path="train.frozen")
+        for p in params:
+            p.requires_grad_(False)
 
 
 def param_groups(model, weight_decay: float, no_decay_roles=()) -> list[dict]:
@@ -205,6 +218,7 @@ class _Run:
         task = build_task(recipe)
         check_step_fits(recipe, task, rows, device)
         model = build_model_for(recipe, task).to(device)
+        freeze(model, cfg.frozen)
         optimizer = adamw(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), cfg.lr, cfg.betas)
         log = MetricsLog(run_dir / METRICS if run_dir and ctx.is_main else None)
         forward = model
