@@ -22,7 +22,8 @@ import torch
 
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.recipe.load import load_recipe
-from xlstm_zoo.training.trainer import train
+from xlstm_zoo.training.distributed import DistContext
+from xlstm_zoo.training.trainer import _Run, train
 
 
 def cell_recipe(profile: str, variant: str, seed: int, overrides: list[str]):
@@ -33,6 +34,24 @@ def cell_recipe(profile: str, variant: str, seed: int, overrides: list[str]):
     if len(cells) != 1:
         raise SystemExit(f"no variant {variant!r} in profile {profile!r}")
     return load_recipe(cells[0].recipe, overrides) if overrides else cells[0].recipe
+
+
+def traced_run(description: str, argv=None):
+    """``(args, run)`` for the tracing scripts (plateau_by_length.py, head_collapse.py): PROFILE VARIANT SEED
+    [path=value ...] [--every N] [--until STEP] parsed, and the cell's training prepared (the trainer's
+    ``_Run``: model, optimiser, task) with its early-stop rule off, on one thread, writing nothing."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("profile")
+    parser.add_argument("variant")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("overrides", nargs="*", help="path=value, applied to the cell")
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--until", type=int, default=None, help="stop after this step (default: train.steps)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    recipe = cell_recipe(args.profile, args.variant, args.seed, [*args.overrides, "train.early_stop=null"])
+    run = _Run.prepare(recipe, recipe.train, DistContext.from_env(), recipe.train.batch_size, "cpu", None)
+    return args, run
 
 
 def main(argv=None) -> int:

@@ -14,14 +14,10 @@ part of the test run.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from claim_cell import cell_recipe
+from claim_cell import traced_run
 from xlstm_zoo.tasks.base import IGNORE
-from xlstm_zoo.training.distributed import DistContext
-from xlstm_zoo.training.trainer import _Run
 
 
 def spreads(model, cell, batch) -> tuple[float, float]:
@@ -39,18 +35,8 @@ def spreads(model, cell, batch) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("profile")
-    parser.add_argument("variant")
-    parser.add_argument("seed", type=int)
-    parser.add_argument("overrides", nargs="*", help="path=value, applied to the cell")
-    parser.add_argument("--every", type=int, default=50)
-    parser.add_argument("--until", type=int, default=None, help="stop after this step (default: train.steps)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    recipe = cell_recipe(args.profile, args.variant, args.seed, [*args.overrides, "train.early_stop=null"])
-    cfg = recipe.train
-    run = _Run.prepare(recipe, cfg, DistContext.from_env(), cfg.batch_size, "cpu", None)
+    args, run = traced_run(__doc__.split("\n\n")[0], argv)
+    cfg = run.cfg
     cell = run.model.stack.blocks[-1].cell
     probe = run.task.generate(3, 512, torch.Generator().manual_seed(12345))
     print("step  train-loss  answer-logit-spread  cell-output-spread  cell-gradient  head-norm")

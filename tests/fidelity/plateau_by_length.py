@@ -11,13 +11,9 @@ on the plateau fits the short inputs first or nothing at all. Writes nothing; no
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from claim_cell import cell_recipe
-from xlstm_zoo.training.distributed import DistContext
-from xlstm_zoo.training.trainer import _Run
+from claim_cell import traced_run
 
 LENGTHS = (3, 4, 6, 8, 12, 20, 40)
 
@@ -36,18 +32,8 @@ def by_length(model, task, probes: dict) -> dict[int, tuple[float, float]]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("profile")
-    parser.add_argument("variant")
-    parser.add_argument("seed", type=int)
-    parser.add_argument("overrides", nargs="*", help="path=value, applied to the cell")
-    parser.add_argument("--every", type=int, default=50)
-    parser.add_argument("--until", type=int, default=None, help="stop after this step (default: train.steps)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    recipe = cell_recipe(args.profile, args.variant, args.seed, [*args.overrides, "train.early_stop=null"])
-    cfg = recipe.train
-    run = _Run.prepare(recipe, cfg, DistContext.from_env(), cfg.batch_size, "cpu", None)
+    args, run = traced_run(__doc__.split("\n\n")[0], argv)
+    cfg = run.cfg
     generator = torch.Generator().manual_seed(12345)
     probes = {n: run.task.generate(n, 512, generator) for n in LENGTHS}
     print("step  train-loss  " + "  ".join(f"len {n}: loss acc" for n in LENGTHS))
