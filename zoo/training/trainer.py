@@ -83,9 +83,10 @@ def freeze(model, roles) -> None:
     for role in roles:
         params = [p for p, r in by_role if r == role]
         if not params:
-            present = sorted({r for _, r in by_role if r != KEEP})
+            present = ", ".join(sorted({r for _, r in by_role if r != KEEP}))
+            tied = "; a tied head is the embedding" if role == "head" else ""
             raise ConfigError(f"train.frozen names role {role!r}, but this model has no weight with that role "
-                              f"(its roles: {', '.join(present)}; a tied head is the embedding)", path="train.frozen")
+                              f"(its roles: {present}{tied})", path="train.frozen")
         for p in params:
             p.requires_grad_(False)
 

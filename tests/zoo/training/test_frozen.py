@@ -52,3 +52,10 @@ def test_a_role_the_model_lacks_is_refused_by_name(tmp_path):
 def test_an_unknown_role_is_refused_by_the_recipe():
     with pytest.raises(Exception, match="frozen"):
         load_recipe(toy_task.recipe(frozen=["heads"]))
+
+
+def test_a_role_absent_from_an_untied_model_names_what_it_has(tmp_path):
+    recipe = load_recipe(untied(frozen=["conv"]))  # a plain LSTM block has no conv
+    with pytest.raises(ConfigError, match=r"'conv'.*its roles: embedding, head") as err:
+        train(recipe, tmp_path)
+    assert "tied head" not in str(err.value)
