@@ -50,7 +50,7 @@ def test_a_role_the_model_lacks_is_refused_by_name(tmp_path):
 
 
 def test_an_unknown_role_is_refused_by_the_recipe():
-    with pytest.raises(Exception, match="frozen"):
+    with pytest.raises(ConfigError, match=r"train.frozen.*'embedding', 'head'.*got 'heads'"):
         load_recipe(toy_task.recipe(frozen=["heads"]))
 
 
