@@ -36,15 +36,20 @@ def cell_recipe(profile: str, variant: str, seed: int, overrides: list[str]):
     return load_recipe(cells[0].recipe, overrides) if overrides else cells[0].recipe
 
 
+def add_cell_arguments(parser: argparse.ArgumentParser) -> None:
+    """PROFILE VARIANT SEED [path=value ...]: which cell, and the overrides for :func:`cell_recipe`."""
+    parser.add_argument("profile")
+    parser.add_argument("variant")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("overrides", nargs="*", help="path=value, applied to the cell")
+
+
 def traced_run(description: str, argv=None):
     """``(args, run)`` for the tracing scripts (plateau_by_length.py, head_collapse.py): PROFILE VARIANT SEED
     [path=value ...] [--every N] [--until STEP] parsed, and the cell's training prepared (the trainer's
     ``_Run``: model, optimiser, task) with its early-stop rule off, on one thread, writing nothing."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("profile")
-    parser.add_argument("variant")
-    parser.add_argument("seed", type=int)
-    parser.add_argument("overrides", nargs="*", help="path=value, applied to the cell")
+    add_cell_arguments(parser)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--until", type=int, default=None, help="stop after this step (default: train.steps)")
     args = parser.parse_args(argv)
@@ -57,10 +62,7 @@ def traced_run(description: str, argv=None):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment")
-    parser.add_argument("profile")
-    parser.add_argument("variant")
-    parser.add_argument("seed", type=int)
-    parser.add_argument("overrides", nargs="*", help="path=value, applied to the cell")
+    add_cell_arguments(parser)
     parser.add_argument("--runs", default="runs/claim")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
