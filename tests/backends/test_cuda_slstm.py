@@ -361,6 +361,50 @@ def test_kernel_gradients_match_reference(T, Dh, gates, random_state, dtype, tol
         _close(a.grad, b.grad, tol, f"grad {name}")
 
 
+@pytest.mark.parametrize("Dh", [16, 512], ids=["Dh16", "Dh512"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+@pytest.mark.usefixtures("built_extension")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernel_head_dim_extremes_forward_and_gradients(Dh, dtype, tol):
+    """Head dims 16 and 512 (the kernel's limit), odd T, random state: outputs and every gradient."""
+    gates = GateSchemes()
+    wx, R, state = _gpu_inputs(65, Dh, dtype, True, B=4, H=2)
+    B, H, T = wx.shape[:3]
+    weights = [torch.randn(B, H, T, Dh, device="cuda", dtype=torch.float64)] + \
+              [torch.randn(B, H, Dh, device="cuda", dtype=torch.float64) for _ in range(4)]
+    inputs = [wx, R, *state]
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    h, s = cuda_slstm.slstm_sequence(leaves[0], leaves[1], SLSTMState(*leaves[2:]), gates=gates)
+    _loss(h, s, weights).backward()
+    ref_leaves = [x.double().requires_grad_() for x in inputs]
+    h_ref, s_ref = reference_slstm(ref_leaves[0], ref_leaves[1], SLSTMState(*ref_leaves[2:]), gates=gates)
+    _loss(h_ref, s_ref, weights).backward()
+    _close(h.detach(), h_ref.detach(), tol, "h")
+    for name, a, b in zip("cnmh", s, s_ref):
+        _close(a.detach(), b.detach(), 1e-4, f"state {name}")
+    for name, a, b in zip(["wx", "R", "c0", "n0", "m0", "h0"], leaves, ref_leaves):
+        assert torch.isfinite(a.grad).all(), f"grad {name} not finite"
+        _close(a.grad, b.grad, tol, f"grad {name}")
+
+
+@pytest.mark.parametrize("gates", GATES, ids=GATE_IDS)
+@pytest.mark.usefixtures("built_extension")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernel_large_gate_preactivations(gates):
+    """Pre-activations around +-30: the stabiliser keeps every output and state finite and exact."""
+    wx, R, state = _gpu_inputs(200, 64, torch.float32, False, B=4, H=2)
+    wx = wx * 20
+    with torch.no_grad():
+        h, s = cuda_slstm.slstm_sequence(wx, R, None, gates=gates)
+        h_ref, s_ref = _reference64(wx, R, None, gates)
+    assert torch.isfinite(h).all() and all(torch.isfinite(x).all() for x in s)
+    _close(h, h_ref, 1e-4, "h")
+    for name, a, b in zip("cnmh", s, s_ref):
+        _close(a, b, 1e-4, f"state {name}")
+
+
 @pytest.mark.usefixtures("built_extension")
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -293,6 +293,31 @@ def test_gpu_large_heads_bf16():
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("T, DK, DV, dtype, with_state", [
+    pytest.param(16384, 128, 256, torch.bfloat16, True, id="T16384-dk128-dv256-bf16-state"),
+    pytest.param(4097, 64, 64, torch.float32, True, id="T4097-dk64-dv64-fp32-state"),
+    pytest.param(1999, 256, 256, torch.bfloat16, False, id="T1999-dk256-dv256-bf16"),
+    pytest.param(3001, 192, 128, torch.float32, False, id="T3001-dk192-dv128-fp32"),
+])
+def test_gpu_long_and_odd_sequences(T, DK, DV, dtype, with_state):
+    """The shapes language models train at (T up to 16k, head dims 64 to 256, odd T not a multiple of
+    the chunk), forward and gradients, against the fp32 reference on the same (rounded) inputs."""
+    B, H, L = 1, 2, 64
+    dev = torch.device("cuda")
+    inputs = make_inputs(B, H, T, DK, DV, EXP_SIG, device=dev, dtype=dtype)
+    state = prefix_state(B, H, DK, DV, EXP_SIG, device=dev) if with_state else None
+    weights = loss_weights(B, H, T, DK, DV, device=dev)
+    got = run(triton_fn(EXP_SIG, L), inputs, state, weights)
+    want = run(ref_fn(EXP_SIG, L), [x.float() for x in inputs], state, weights)
+    count = 12 if with_state else 9
+    if dtype == torch.float32:
+        assert_close(got[:count], want[:count])
+    else:
+        rel_norm_close(got[:count], want[:count], 2e-2)
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_dispatch_picks_triton():
     import xlstm_zoo.backends as backends
 

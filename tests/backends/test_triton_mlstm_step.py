@@ -292,6 +292,22 @@ def test_gpu_batch_sizes_fp32(B):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("DK, DV", [(64, 64), (128, 256), (256, 256)], ids=["dk64-dv64", "dk128-dv256", "dk256-dv256"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_head_dims(DK, DV, dtype):
+    """Head dims 64 to 256 at B=16 from a realistic state (the generation shapes of 125M-7B models)."""
+    B, H = 16, 8
+    dev = torch.device("cuda")
+    inputs = make_inputs(B, H, DK, DV, EXP_SIG, device=dev, dtype=dtype)
+    state = prefix_state(B, H, DK, DV, EXP_SIG, T=7, device=dev)
+    h, st = kernel().mlstm_step(*inputs, state)
+    h_ref, st_ref = ref_step(*(x.float() for x in inputs[:3]), *inputs[3:], state)
+    assert_close([h], [h_ref], 1e-4 if dtype == torch.float32 else 1e-2, names=["h"])
+    assert_close(list(st), list(st_ref), names=NAMES[1:])
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_dispatch_picks_triton():
     import xlstm_zoo.backends as backends
 

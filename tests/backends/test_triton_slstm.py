@@ -302,6 +302,39 @@ def test_gpu_odd_shapes_fp32(Dh):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("Dh", [16, 512], ids=["D16", "D512"])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_gpu_head_dim_extremes(Dh, dtype, tol):
+    """The smallest and largest head dims the issue asks for, odd T, from a realistic state."""
+    B, H, T = 8, 2, 129
+    dev = torch.device("cuda")
+    wx, R = inputs(B, H, T, Dh, device=dev, scale=1.0)
+    wx, R = wx.to(dtype), R.to(dtype)
+    state = prefix_state(B, H, Dh, EXP_SIG, device=dev)
+    got = run(triton_fn(EXP_SIG), wx, R, state)
+    want = run(ref_fn(EXP_SIG), wx.float(), R.float(), state)
+    if dtype == torch.float32:
+        assert_close(got, want, tol)
+    else:
+        rel_norm_close(got, want, tol)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("gates", ALL_GATES, ids=GATE_IDS)
+def test_gpu_large_gate_preactivations_fp32(gates):
+    """Pre-activations around +-30 (exp(30) overflows nothing only through the stabiliser m): the
+    stabilised outputs, states and gradients still match; the loss takes the stabilised state."""
+    B, H, T, Dh = 4, 2, 200, 64
+    dev = torch.device("cuda")
+    wx, R = inputs(B, H, T, Dh, device=dev, scale=20.0)
+    got = run(triton_fn(gates), wx, R, None, true_scale=False)
+    want = run(ref_fn(gates), wx, R, None, true_scale=False)
+    assert_close(got, want)
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_dispatch_picks_a_kernel():
     import xlstm_zoo.backends as backends
 

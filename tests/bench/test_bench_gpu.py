@@ -8,26 +8,34 @@ then ``ROUNDS`` timed rounds through ``benchmark.pedantic``); the CUDA-event med
 ``benchmark.extra_info["cuda_median_ms"]`` and in the report. Cases, each test independent (a
 baseline that fails or is missing is skipped with its reason, the others still run):
 
-1. mLSTM chunkwise, forward (no_grad) and forward+backward, 65,536 tokens per batch
-   (``B = 65536 // T``), 8 heads, qk head dim 256, v head dim 512 (embedding 4096), bf16:
-   ours (``mlstm_sequence(backend="triton")``, chunk sizes from ``XLSTM_ZOO_BENCH_CHUNKS``) vs
-   mlstm_kernels ``chunkwise--triton_xl_chunk`` (TFLA, its default chunk 128) vs torch SDPA with the
-   flash backend forced. Flash needs equal head dims, so it runs q, k, v at head dim 256 (half the
-   v width of the mLSTM cases): a reference point, not the same work.
-2. sLSTM, forward (no_grad) and forward+backward, B=16, T=1024, hidden 1024, 4 heads (Dh=256), bf16:
+1. mLSTM chunkwise, forward (no_grad) and forward+backward, B=8, 8 heads, qk head dim 128, v head
+   dim 256, T from ``XLSTM_ZOO_BENCH_SEQ_LENS``, bf16: ours (``mlstm_sequence(backend="triton")``,
+   chunk sizes from ``XLSTM_ZOO_BENCH_CHUNKS``) vs mlstm_kernels ``chunkwise--triton_xl_chunk``
+   (TFLA, its default chunk 128) vs torch SDPA with the flash backend forced. Flash needs equal head
+   dims, so it runs q, k, v at head dim 128 (half the v width of the mLSTM cases): a reference
+   point, not the same work.
+2. sLSTM, forward (no_grad) and forward+backward, B=16, T=1024, hidden 1024, 4 heads (Dh=256), bf16
+   and fp32:
    ours (``slstm_sequence(backend="triton" / "cuda")``) vs the official ``xlstm`` CUDA sLSTM cell
    (JIT-compiled with nvcc; it adds the bias and the recurrent matmul inside, as our ops do with
    ``wx`` and ``R``).
-3. mLSTM step (generation, no_grad, bf16 inputs, fp32 state), B in 1, 4, 16, 64, 256, H=8, Dk=256,
-   Dv=512: achieved state bandwidth ``2 * (C + n) bytes / time`` as a fraction of this device's copy
+3. mLSTM step (generation, no_grad, bf16 inputs, fp32 state), B from ``XLSTM_ZOO_BENCH_STEP_BATCHES``,
+   H=8, Dk=128, Dv=256: achieved state bandwidth ``2 * (C + n) bytes / time`` as a fraction of this device's copy
    bandwidth (``dst.copy_(src)`` of 1 GiB, ``2 * bytes / time``), vs the mlstm_kernels Triton step
    kernel and the torch reference step.
+
+4. Language model, the xLSTM-7B layout at dim 768 with 12 blocks (162M parameters with a 50,304-token
+   untied vocabulary), bf16: a training step (forward, backward, fused AdamW; B and T from
+   ``XLSTM_ZOO_BENCH_LM_BATCH``/``_LM_T``, default 8 x 2048) and a generation step at B from
+   ``XLSTM_ZOO_BENCH_LM_STEP_BATCHES`` (eager and ``compiled_step()``), ours vs the official
+   ``xlstm_large`` model with its Triton kernels; the generation step beside the time to read the
+   weights once at this device's copy bandwidth.
 
 Report: a table printed at the end (speedup = baseline ms / ours ms, > 1 means ours is faster),
 also written as ``gpu_kernels.json`` and ``gpu_kernels.md`` under ``$XLSTM_ZOO_BENCH_OUT`` (default
 ``tests/bench/results/``), each replaced atomically. Environment knobs: ``XLSTM_ZOO_BENCH_ROUNDS``
 (default 20), ``XLSTM_ZOO_BENCH_WARMUP`` (3), ``XLSTM_ZOO_BENCH_CHUNKS`` (``64,128``),
-``XLSTM_ZOO_BENCH_SEQ_LENS`` (``1024,2048,4096,8192,16384``).
+``XLSTM_ZOO_BENCH_SEQ_LENS`` (``1024,4096,16384``), ``XLSTM_ZOO_BENCH_STEP_BATCHES`` (``1,16,64``).
 """
 
 from __future__ import annotations
@@ -59,14 +67,13 @@ def _ints(name: str, default: str) -> list[int]:
 ROUNDS = _ints("XLSTM_ZOO_BENCH_ROUNDS", "20")[0]
 WARMUP = _ints("XLSTM_ZOO_BENCH_WARMUP", "3")[0]
 OUR_CHUNKS = _ints("XLSTM_ZOO_BENCH_CHUNKS", "64,128")
-SEQ_LENS = _ints("XLSTM_ZOO_BENCH_SEQ_LENS", "1024,2048,4096,8192,16384")
+SEQ_LENS = _ints("XLSTM_ZOO_BENCH_SEQ_LENS", "1024,4096,16384")
+STEP_BATCHES = _ints("XLSTM_ZOO_BENCH_STEP_BATCHES", "1,16,64")
 OUT_DIR = Path(os.environ.get("XLSTM_ZOO_BENCH_OUT") or Path(__file__).parent / "results")
 
-TOKENS = 65536
-M_HEADS, M_DQK, M_DV = 8, 256, 512  # embedding 4096: qk = 4096 / 2 / 8, v = 4096 / 8
+M_BATCH, M_HEADS, M_DQK, M_DV = 8, 8, 128, 256  # embedding 2048: qk = 2048 / 2 / 8, v = 2048 / 8
 FLASH_D = M_DQK  # flash attention: v at the qk head dim
 S_BATCH, S_T, S_HIDDEN, S_HEADS = 16, 1024, 1024, 4
-STEP_BATCHES = [1, 4, 16, 64, 256]
 BF16 = torch.bfloat16
 MODES = ["fwd", "fwd+bwd"]
 
@@ -169,11 +176,11 @@ def _report(request):
 # ---------------------------------------------------------------------------------------------
 # 1. mLSTM chunkwise vs TFLA vs flash attention
 
-MLSTM_IMPLS = [f"ours-triton-c{c}" for c in OUR_CHUNKS] + ["tfla-xl_chunk-c128", "sdpa-flash-d256"]
+MLSTM_IMPLS = [f"ours-triton-c{c}" for c in OUR_CHUNKS] + ["tfla-xl_chunk-c128", f"sdpa-flash-d{FLASH_D}"]
 
 
 def _mlstm_inputs(T, dv, requires_grad):
-    B = TOKENS // T
+    B = M_BATCH
     g = torch.Generator(device="cuda").manual_seed(T)
     q, k = (torch.randn(B, M_HEADS, T, M_DQK, device="cuda", dtype=BF16, generator=g) for _ in range(2))
     v = torch.randn(B, M_HEADS, T, dv, device="cuda", dtype=BF16, generator=g)
@@ -191,7 +198,7 @@ def _mlstm_inputs(T, dv, requires_grad):
 def test_mlstm_chunkwise(benchmark, mode, T, impl):
     _require_enabled(benchmark)
     case, grad = "mlstm-chunkwise", mode == "fwd+bwd"
-    shape = f"B={TOKENS // T} H={M_HEADS} T={T} dqk={M_DQK} dv={M_DV}"
+    shape = f"B={M_BATCH} H={M_HEADS} T={T} dqk={M_DQK} dv={M_DV}"
     if impl.startswith("ours"):
         from xlstm_zoo.backends import mlstm_sequence
 
@@ -239,7 +246,7 @@ def test_mlstm_chunkwise(benchmark, mode, T, impl):
     _probe(case, mode, shape, impl, fn, setup)
     median = cuda_time(benchmark, fn, setup)
     extra = shape_note if impl.startswith("sdpa") else {}
-    _record(benchmark, case, mode, shape, impl, median, tokens=TOKENS, **extra)
+    _record(benchmark, case, mode, shape, impl, median, tokens=M_BATCH * T, **extra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,35 +256,38 @@ SLSTM_IMPLS = ["ours-triton", "ours-cuda", "official-xlstm-cuda"]
 _official_cells: dict = {}
 
 
-def _official_cell():
-    """The official CUDA sLSTM cell (built once per run: nvcc JIT); raises what the build raised."""
-    if "cell" not in _official_cells:
+def _official_cell(dtype: torch.dtype):
+    """The official CUDA sLSTM cell for ``dtype`` (built once per run and dtype: nvcc JIT); raises what
+    the build raised. Its states are kept in ``dtype`` (bf16 in the bf16 case), ours always in fp32."""
+    key = str(dtype).removeprefix("torch.")
+    if key not in _official_cells:
         try:
             from xlstm.blocks.slstm.cell import sLSTMCell, sLSTMCellConfig
 
             cfg = sLSTMCellConfig(hidden_size=S_HIDDEN, num_heads=S_HEADS, backend="cuda", batch_size=S_BATCH,
-                                  dtype="bfloat16")
+                                  dtype=key)
             cell = sLSTMCell(cfg)
             dh = S_HIDDEN // S_HEADS
             with torch.no_grad():  # its default recurrent init is zeros; random weights, as ours get
                 cell.recurrent_kernel[...] = torch.randn(S_HEADS, dh, 4, dh) / dh ** 0.5
-            _official_cells["cell"] = cell.to("cuda")
+            _official_cells[key] = cell.to("cuda")
         except BaseException as err:  # a failed nvcc build may raise SystemExit-like errors too
             if isinstance(err, KeyboardInterrupt):
                 raise
-            _official_cells["cell"] = err
-    if isinstance(_official_cells["cell"], BaseException):
-        raise _official_cells["cell"]
-    return _official_cells["cell"]
+            _official_cells[key] = err
+    if isinstance(_official_cells[key], BaseException):
+        raise _official_cells[key]
+    return _official_cells[key]
 
 
 @pytest.mark.parametrize("impl", SLSTM_IMPLS)
 @pytest.mark.parametrize("mode", MODES)
-def test_slstm(benchmark, mode, impl):
+@pytest.mark.parametrize("dtype", [BF16, torch.float32], ids=["bf16", "fp32"])
+def test_slstm(benchmark, dtype, mode, impl):
     _require_enabled(benchmark)
     case, grad = "slstm", mode == "fwd+bwd"
     dh = S_HIDDEN // S_HEADS
-    shape = f"B={S_BATCH} T={S_T} hidden={S_HIDDEN} heads={S_HEADS} dh={dh}"
+    shape = f"B={S_BATCH} T={S_T} hidden={S_HIDDEN} heads={S_HEADS} dh={dh} {str(dtype).removeprefix('torch.')}"
     g = torch.Generator(device="cuda").manual_seed(0)
     module = None
     if impl.startswith("ours"):
@@ -285,18 +295,18 @@ def test_slstm(benchmark, mode, impl):
 
         name = impl.split("-", 1)[1]
         try:
-            backends.select("slstm_sequence", torch.device("cuda"), BF16, force=name)
+            backends.select("slstm_sequence", torch.device("cuda"), dtype, force=name)
         except Exception as err:
             _skip(case, mode, shape, impl, f"backend {name!r} unavailable: {err}")
-        wx = torch.randn(S_BATCH, S_HEADS, S_T, 4 * dh, device="cuda", dtype=BF16, generator=g)
-        R = (torch.randn(S_HEADS, dh, 4 * dh, device="cuda", generator=g) / dh ** 0.5).to(BF16)
+        wx = torch.randn(S_BATCH, S_HEADS, S_T, 4 * dh, device="cuda", dtype=dtype, generator=g)
+        R = (torch.randn(S_HEADS, dh, 4 * dh, device="cuda", generator=g) / dh ** 0.5).to(dtype)
         xs = [wx.requires_grad_(grad), R.requires_grad_(grad)]
 
         def run():
             return backends.slstm_sequence(wx, R, backend=name)[0]
     else:
         try:
-            cell = _official_cell()
+            cell = _official_cell(dtype)
         except BaseException as err:
             if isinstance(err, KeyboardInterrupt):
                 raise
@@ -305,12 +315,12 @@ def test_slstm(benchmark, mode, impl):
         cell.train(grad)
         module = cell
         # Input [B, T, 4*hidden] laid out (gate, head, d), gates (i, f, z, o); bias and R are inside the cell.
-        x = torch.randn(S_BATCH, S_T, 4 * S_HIDDEN, device="cuda", dtype=BF16, generator=g)
+        x = torch.randn(S_BATCH, S_T, 4 * S_HIDDEN, device="cuda", dtype=dtype, generator=g)
         xs = [x.requires_grad_(grad)]
 
         def run():
             return cell(x)[0]
-    grad_out = torch.randn(S_BATCH, S_HEADS, S_T, dh, device="cuda", dtype=BF16, generator=g) if grad else None
+    grad_out = torch.randn(S_BATCH, S_HEADS, S_T, dh, device="cuda", dtype=dtype, generator=g) if grad else None
 
     if grad:
         def fn():
@@ -404,6 +414,112 @@ def test_mlstm_step(benchmark, copy_bandwidth, B, impl):
     achieved = state_bytes / (median * 1e-3)
     _record(benchmark, case, mode, shape, impl, median, state_bytes=state_bytes, state_bytes_per_s=achieved,
             copy_bytes_per_s=copy_bandwidth, fraction_of_copy_bw=achieved / copy_bandwidth)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Language model: the xLSTM-7B layout at GPT-2 small width (dim 768, 12 mLSTM blocks, 3 heads: qk
+#    head dim 128, v 256; vocabulary 50,304, untied head), bf16 weights and activations: one training
+#    step (forward, backward, fused AdamW) at B x T tokens, and one generation step at B=1 and 16,
+#    ours (eager and compiled_step()) vs the official xlstm_large model with its Triton kernels
+#    (TFLA chunkwise for training, the mlstm_kernels step kernel for generation).
+
+LM_DIM, LM_BLOCKS, LM_HEADS, LM_VOCAB = 768, 12, 3, 50304
+LM_T = _ints("XLSTM_ZOO_BENCH_LM_T", "2048")[0]
+LM_BATCH = _ints("XLSTM_ZOO_BENCH_LM_BATCH", "8")[0]
+LM_STEP_BATCHES = _ints("XLSTM_ZOO_BENCH_LM_STEP_BATCHES", "1,16")
+LM_OVERRIDES = [f"dim={LM_DIM}", f"vocab_size={LM_VOCAB}", f"stack.pattern={'m' * LM_BLOCKS}",
+                f"stack.blocks.m.cell.num_heads={LM_HEADS}"]
+
+
+def _ours_lm():
+    import xlstm_zoo
+
+    torch.manual_seed(0)
+    return xlstm_zoo.build(xlstm_zoo.load_recipe("xlstm_7b_small", LM_OVERRIDES)).to("cuda", BF16)
+
+
+def _official_lm(mode: str):
+    from xlstm.xlstm_large.model import xLSTMLarge, xLSTMLargeConfig
+
+    cfg = xLSTMLargeConfig(embedding_dim=LM_DIM, num_heads=LM_HEADS, num_blocks=LM_BLOCKS, vocab_size=LM_VOCAB,
+                           chunkwise_kernel="chunkwise--triton_xl_chunk", sequence_kernel="native_sequence__triton",
+                           step_kernel="triton", mode=mode, chunk_size=128, return_last_states=mode == "inference")
+    torch.manual_seed(0)
+    return xLSTMLarge(cfg).to("cuda", BF16)
+
+
+def _lm_or_skip(case, mode, shape, impl, make):
+    try:
+        return make()
+    except Exception as err:
+        _skip(case, mode, shape, impl, f"model did not build: {type(err).__name__}: {str(err)[:300]}")
+
+
+@pytest.mark.parametrize("impl", ["ours-xlstm_7b_layout", "official-xlstm_large-tfla"])
+def test_lm_training_step(benchmark, impl):
+    _require_enabled(benchmark)
+    case, mode = "lm-train-step", "fwd+bwd+adamw"
+    shape = f"dim={LM_DIM} blocks={LM_BLOCKS} heads={LM_HEADS} vocab={LM_VOCAB} B={LM_BATCH} T={LM_T} bf16"
+    ours = impl.startswith("ours")
+    model = _lm_or_skip(case, mode, shape, impl, _ours_lm if ours else lambda: _official_lm("train"))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tokens = torch.randint(0, LM_VOCAB, (LM_BATCH, LM_T + 1), device="cuda", generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def fn():
+        out = model(x)
+        logits = out[0] if isinstance(out, tuple) else out
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    _probe(case, mode, shape, impl, fn)
+    median = cuda_time(benchmark, fn)
+    params = sum(p.numel() for p in model.parameters())
+    tokens_per_s = LM_BATCH * LM_T / (median * 1e-3)
+    _record(benchmark, case, mode, shape, impl, median, params=params, tokens_per_s=tokens_per_s,
+            note=f"{tokens_per_s / 1e3:.0f}k tokens/s, {params / 1e6:.1f}M parameters")
+    del model, opt
+
+
+@pytest.mark.parametrize("impl", ["ours-eager", "ours-compiled_step", "official-xlstm_large-step"])
+@pytest.mark.parametrize("B", LM_STEP_BATCHES)
+def test_lm_generation_step(benchmark, copy_bandwidth, B, impl):
+    """One token for every row, from a state; the floor is reading the weights once (bandwidth bound)."""
+    _require_enabled(benchmark)
+    case, mode = "lm-generation-step", "no_grad"
+    shape = f"dim={LM_DIM} blocks={LM_BLOCKS} heads={LM_HEADS} vocab={LM_VOCAB} B={B} bf16"
+    ours = impl.startswith("ours")
+    model = _lm_or_skip(case, mode, shape, impl, _ours_lm if ours else lambda: _official_lm("inference"))
+    model.eval()
+    g = torch.Generator(device="cuda").manual_seed(B)
+    prompt = torch.randint(0, LM_VOCAB, (B, 16), device="cuda", generator=g)
+    token = prompt[:, -1]
+    with torch.no_grad():
+        if ours:
+            _, state = model(prompt)
+            step = model.compiled_step() if impl == "ours-compiled_step" else model.step
+
+            def run():
+                return step(token, state)[0]
+        else:
+            _, state = model(prompt)
+
+            def run():
+                return model(token[:, None], state)[0]
+
+    def fn():
+        with torch.no_grad():
+            run()
+    _probe(case, mode, shape, impl, fn)
+    median = cuda_time(benchmark, fn)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    floor_ms = weight_bytes / copy_bandwidth * 1e3
+    _record(benchmark, case, mode, shape, impl, median, weight_bytes=weight_bytes, bandwidth_floor_ms=floor_ms,
+            note=f"weights read once at copy bandwidth: {floor_ms:.3f} ms ({floor_ms / median:.0%} of this step)")
+    del model
 
 
 # ---------------------------------------------------------------------------------------------
