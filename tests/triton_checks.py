@@ -29,6 +29,23 @@ def assert_tensors_close(got, want, names, tol=None):
         assert err <= tol * scale + 1e-12, f"{name}: max abs err {err:.3g} > {tol} * {scale:.3g}"
 
 
+def as_close_as_fp32_reference(got, want32, want64, names, tol=1e-4):
+    """Per named tensor, against a float64 reference: within ``tol * max|ref|``, or no more than twice
+    as far as the fp32 reference itself is. For ill-conditioned cases (exponential forget gates over
+    many steps, pre-activations around +-30), where the fp32 reference is not the exact answer either:
+    an H200 run put the Triton mLSTM's dq 1.7e-4 of its max from the fp32 reference (exp-exp, T=1000)."""
+    for name, x, y32, y64 in zip(names, got, want32, want64):
+        if y64 is None:
+            assert x is None, name
+            continue
+        x, y32, y64 = x.detach().double(), y32.detach().double(), y64.detach().double()
+        assert x.shape == y64.shape, (name, x.shape, y64.shape)
+        assert torch.isfinite(x).all(), f"{name}: non-finite values (an unwritten element?)"
+        err, ref_err = (x - y64).abs().max().item(), (y32 - y64).abs().max().item()
+        bound = max(tol * y64.abs().max().item(), 2 * ref_err)
+        assert err <= bound + 1e-12, f"{name}: max abs err {err:.3g} > {bound:.3g} (fp32 reference: {ref_err:.3g})"
+
+
 def compile_for_sm90(script: str, args: list[str], kernels: int, cache_dir) -> None:
     """Compile Triton kernels ahead of time for an H100 (sm_90) with Triton's bundled ptxas, no GPU needed:
     ``script`` prints ``compiled NAME`` per kernel (or ``SKIP ...`` where Triton's API differs)."""

@@ -153,6 +153,9 @@ class LaunchConfig(NamedTuple):
     warps_out: int
     warps_chunk: int
     prec: str
+    # Software-pipelining stages of the backward chunk kernel (None: Triton's default). fp32 at L=128
+    # asked for 256 KiB of shared memory on an H200 (limit 227 KiB) with the default stages.
+    stages_chunk: int | None = None
 
 
 def launch_config(dk: int, dv: int, chunk_size: int, block_k: int | None, block_v: int | None,
@@ -171,7 +174,8 @@ def launch_config(dk: int, dv: int, chunk_size: int, block_k: int | None, block_
     return LaunchConfig(
         state_k=sk, state_v=sv, chunk_k=tile(dk, block_k, 32), out_v=tile(dv, block_v, 64),
         chunk_v=tile(dv, block_v, 32), warps_state=4 if sk * sv <= 1024 else 8,
-        warps_out=4 if chunk_size <= 32 else 8, warps_chunk={16: 4, 32: 8, 64: 8, 128: 16}[chunk_size], prec=prec)
+        warps_out=4 if chunk_size <= 32 else 8, warps_chunk={16: 4, 32: 8, 64: 8, 128: 16}[chunk_size], prec=prec,
+        stages_chunk=1 if chunk_size >= 128 and dtype == torch.float32 else None)
 
 
 def _forward(q, k, v, log_i, log_f, C0, n0, m0, scale, eps, L, cfg: LaunchConfig):

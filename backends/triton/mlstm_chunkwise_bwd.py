@@ -241,7 +241,8 @@ def backward(saved, config, dh, dC_T, dn_T, dm_T):
     row, col, dw, da = (torch.full((BH, NC, L), float("nan"), **nan) for _ in range(4))
     _bwd_chunk[(NC, BH)](q, k, v, log_i, log_f, C, n, m, m_row, dh, inv_den, dqn, dC, dn,
                          dq, dk, dv, row, col, dw, da, T, NC, DK, DV, scale,
-                         L=L, BK=cfg.chunk_k, BV=cfg.chunk_v, PREC=cfg.prec, num_warps=cfg.warps_chunk)
+                         L=L, BK=cfg.chunk_k, BV=cfg.chunk_v, PREC=cfg.prec, num_warps=cfg.warps_chunk,
+                         **({} if cfg.stages_chunk is None else dict(num_stages=cfg.stages_chunk)))
 
     # Log-gate gradients from the per-position sums (all within a chunk, O(T)).
     pad = NC * L - T

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from xlstm_zoo.backends.gating import GateSchemes, log_gate  # noqa: E402
 from xlstm_zoo.backends.reference.mlstm.chunkwise import mlstm_chunkwise  # noqa: E402
-from triton_checks import assert_tensors_close, compile_for_sm90  # noqa: E402
+from triton_checks import as_close_as_fp32_reference, assert_tensors_close, compile_for_sm90  # noqa: E402
 from xlstm_zoo.backends.states import MLSTMState  # noqa: E402
 
 EXP_SIG = GateSchemes(input="exponential", forget="sigmoid")
@@ -67,7 +67,8 @@ def run(fn, inputs, state, weights, *, with_m=False):
     h, (C, n, m) = fn(*xs, st)
     wh, wC, wn, wm = weights
     e = m.exp()
-    loss = (h.float() * wh).sum() + (C * e[..., None, None] * wC).sum() + (n * e[..., None] * wn).sum()
+    loss = (h.to(torch.promote_types(h.dtype, wh.dtype)) * wh).sum() + (C * e[..., None, None] * wC).sum() \
+        + (n * e[..., None] * wn).sum()
     if with_m:
         loss = loss + (m * wm).sum()
     loss.backward()
@@ -260,9 +261,14 @@ def test_gpu_matches_reference(dtype, tol, gates):
     # The reference runs in fp32 on the same (possibly bf16-rounded) inputs.
     want = run(ref_fn(gates, L), [x.float() for x in inputs], state, weights)
     if dtype == torch.float32:
-        assert_close(got, want, tol)
+        as_close_as_fp32_reference(got, want, run(ref_fn(gates, L), *as_fp64(inputs, state, weights)), NAMES, tol)
     else:
         rel_norm_close(got, want, tol)
+
+
+def as_fp64(inputs, state, weights):
+    return ([x.double() for x in inputs], None if state is None else MLSTMState(*(s.double() for s in state)),
+            [w.double() for w in weights])
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ pytest.importorskip("triton")
 
 from xlstm_zoo.backends.gating import GateSchemes  # noqa: E402
 from xlstm_zoo.backends.reference.slstm import slstm_sequence as ref_sequence  # noqa: E402
-from triton_checks import assert_tensors_close, compile_for_sm90  # noqa: E402
+from triton_checks import as_close_as_fp32_reference, assert_tensors_close, compile_for_sm90  # noqa: E402
 from xlstm_zoo.backends.states import SLSTMState  # noqa: E402
 
 ALL_GATES = [GateSchemes(input=i, forget=f) for i, f in itertools.product(("exponential", "sigmoid"), repeat=2)]
@@ -63,9 +63,10 @@ def run(fn, wx, R, state, *, seed=99, true_scale=True):
     st = None if state is None else SLSTMState(*(s.detach().clone().requires_grad_() for s in state))
     h, s = fn(wx, R, st)
     g = torch.Generator().manual_seed(seed)
-    w_h, w_hT, w_c, w_n = (torch.randn(x.shape, generator=g).to(x.device) for x in (h, s.h, s.c, s.n))
+    wide = torch.float64 if wx.dtype == torch.float64 else torch.float32  # a float64 reference stays float64
+    w_h, w_hT, w_c, w_n = (torch.randn(x.shape, generator=g).to(x.device, wide) for x in (h, s.h, s.c, s.n))
     e = s.m.exp() if true_scale else 1.0
-    loss = (h.float() * w_h).sum() + (s.h * w_hT).sum() + (s.c * e * w_c).sum() + (s.n * e * w_n).sum()
+    loss = (h.to(wide) * w_h).sum() + (s.h * w_hT).sum() + (s.c * e * w_c).sum() + (s.n * e * w_n).sum()
     if not true_scale:
         loss = loss + (s.m * w_c.flip(-1)).sum()
     loss.backward()
@@ -324,13 +325,15 @@ def test_gpu_head_dim_extremes(Dh, dtype, tol):
 @pytest.mark.parametrize("gates", ALL_GATES, ids=GATE_IDS)
 def test_gpu_large_gate_preactivations_fp32(gates):
     """Pre-activations around +-30 (exp(30) overflows nothing only through the stabiliser m): the
-    stabilised outputs, states and gradients still match; the loss takes the stabilised state."""
+    stabilised outputs, states and gradients are as close to a float64 reference as the fp32
+    reference is (or within 1e-4 of the scale); the loss takes the stabilised state."""
     B, H, T, Dh = 4, 2, 200, 64
     dev = torch.device("cuda")
     wx, R = inputs(B, H, T, Dh, device=dev, scale=20.0)
     got = run(triton_fn(gates), wx, R, None, true_scale=False)
     want = run(ref_fn(gates), wx, R, None, true_scale=False)
-    assert_close(got, want)
+    want64 = run(ref_fn(gates), wx.double(), R.double(), None, true_scale=False)
+    as_close_as_fp32_reference(got, want, want64, NAMES)
 
 
 @pytest.mark.gpu

@@ -83,6 +83,44 @@ _skips: list[dict] = []
 _copy: dict = {}
 
 
+def _resume_report() -> None:
+    """``XLSTM_ZOO_BENCH_APPEND=1``: start from the report a previous process wrote to the same folder,
+    so a baseline that may crash its process (see ``_no_slp_vectorizer``) runs in a process of its own
+    and its rows still pair with ours in one table."""
+    path = OUT_DIR / "gpu_kernels.json"
+    if os.environ.get("XLSTM_ZOO_BENCH_APPEND") == "1" and path.exists():
+        old = json.loads(path.read_text())
+        _records.extend(old.get("records", []))
+        _skips.extend(old.get("skipped", []))
+        _copy.update(old.get("copy_bandwidth") or {})
+
+
+_resume_report()
+
+
+def _no_slp_vectorizer() -> str | None:
+    """``XLSTM_ZOO_BENCH_NO_SLP=1``: compile every Triton kernel of this process without LLVM's SLP
+    vectorizer. On an H200 with Triton 3.6.0, mlstm_kernels 2.0.6's TFLA forward kernel aborted the
+    whole process in LLVM's SLP vectorizer (an assertion, not an exception); Triton itself turns the
+    pass off only for sm_80. Applies to ours and the baselines alike; the report says when it was on."""
+    if os.environ.get("XLSTM_ZOO_BENCH_NO_SLP") != "1" or not torch.cuda.is_available():
+        return None
+    from triton.backends.nvidia import compiler
+
+    original = compiler.llvm.optimize_module
+
+    def optimize_module(*args, **kwargs):
+        try:
+            return original(*args, **{**kwargs, "disable_slp_vectorizer": True})
+        except TypeError:  # a Triton whose optimize_module has no such switch
+            return original(*args, **kwargs)
+    compiler.llvm.optimize_module = optimize_module
+    return "LLVM SLP vectorizer off for Triton kernels (XLSTM_ZOO_BENCH_NO_SLP=1)"
+
+
+_SLP_NOTE = _no_slp_vectorizer()
+
+
 # ---------------------------------------------------------------------------------------------
 # Timing and bookkeeping
 
@@ -94,6 +132,7 @@ def _require_enabled(benchmark):
 
 def _skip(case: str, mode: str, shape: str, impl: str, reason: str):
     _skips.append(dict(case=case, mode=mode, shape=shape, impl=impl, reason=reason))
+    write_report()  # after every row: a later crash of the process loses only its own case
     pytest.skip(f"{impl}: {reason}")
 
 
@@ -140,7 +179,10 @@ def cuda_time(benchmark, fn, setup=None) -> float:
 def _record(benchmark, case, mode, shape, impl, median_ms, **extra):
     benchmark.group = f"{case} {mode} {shape}"
     benchmark.extra_info.update(case=case, mode=mode, shape=shape, impl=impl, **extra)
+    if _SLP_NOTE:
+        extra["llvm_slp_off"] = True
     _records.append(dict(case=case, mode=mode, shape=shape, impl=impl, median_ms=median_ms, **extra))
+    write_report()  # after every row: a later crash of the process loses only its own case
 
 
 def _grad_reset(*tensors, module=None):
@@ -556,6 +598,8 @@ def _table() -> list[str]:
             parts.append(f"{r['state_bytes_per_s'] / 1e9:.0f} GB/s = {100 * r['fraction_of_copy_bw']:.0f}% of copy")
         if "note" in r:
             parts.append(r["note"])
+        if r.get("llvm_slp_off"):
+            parts.append("compiled with LLVM's SLP vectorizer off")
         return "; ".join(parts)
 
     for key in sorted(groups, key=lambda k: (k[0], k[1])):  # stable: shapes stay in run order
@@ -597,7 +641,7 @@ def write_report() -> str:
     header = [f"# GPU kernel benchmarks ({env['gpu']})", "",
               f"torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, mlstm_kernels "
               f"{env['mlstm_kernels']}, xlstm {env['xlstm']}; CUDA-event median of {ROUNDS} rounds after "
-              f"{WARMUP} warm-up rounds; bf16 inputs, fp32 states. Speedup > 1: ours is faster."]
+              f"{WARMUP} warm-up rounds; bf16 inputs unless the shape names another dtype; our states fp32 (the official sLSTM keeps its states in the input dtype). Speedup > 1: ours is faster."]
     if _copy:
         header.append(f"Device copy bandwidth (1 GiB dst.copy_(src), read + write): "
                       f"{_copy['bytes_per_s'] / 1e9:.0f} GB/s.")

@@ -6,13 +6,18 @@
 #
 # Writes results.json and results.md (device, driver, torch, Triton, nvcc, command; tests; timings).
 # Without a GPU it rehearses: the same steps, Triton interpreted, the benchmark skipped with its reason.
+# MLSTM_TEST_FILTER: a pytest -k expression for the tests (default: every Triton mLSTM test).
 GPU_JOB=mlstm
 source "$(dirname "$0")/setup.sh"
 gpu_setup || exit 1
 PYTEST=("$PY" -m pytest -p no:cacheprovider -q -rfE)
+BENCH=(env XLSTM_ZOO_BENCH_OUT="$RESULTS" "${PYTEST[@]}" -s --benchmark-enable tests/bench/test_bench_gpu.py)
 run_step tests "${MLSTM_TEST_LIMIT:-240}" "${PYTEST[@]}" --junitxml="$RESULTS/tests.junit.xml" -m "not slow" \
     tests/backends/test_triton_mlstm_chunkwise.py tests/backends/test_triton_mlstm_step.py \
-    tests/backends/test_kernel_parity.py -k "mlstm and triton"
-run_step bench "${MLSTM_BENCH_LIMIT:-240}" env XLSTM_ZOO_BENCH_OUT="$RESULTS" "${PYTEST[@]}" -s --benchmark-enable \
-    tests/bench/test_bench_gpu.py -k "mlstm"
+    tests/backends/test_kernel_parity.py -k "${MLSTM_TEST_FILTER:-mlstm and triton}"
+# Ours first; the mlstm_kernels baselines in a process of their own (TFLA aborted a whole process under
+# Triton 3.6.0: see _no_slp_vectorizer in the bench), appending to the same report.
+run_step bench "${MLSTM_BENCH_LIMIT:-150}" "${BENCH[@]}" -k "mlstm and not tfla and not mlstm_kernels"
+run_step bench_baselines "${MLSTM_BASELINE_LIMIT:-90}" env XLSTM_ZOO_BENCH_APPEND=1 XLSTM_ZOO_BENCH_NO_SLP=1 \
+    "${BENCH[@]}" -k "mlstm and (tfla or mlstm_kernels)"
 finish

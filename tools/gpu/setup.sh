@@ -43,9 +43,13 @@ gpu_setup() {
 # the script (a failed or timed-out step is recorded in steps.tsv and the next one runs).
 # With GPU_DEADLINE (epoch seconds, set by all.sh) a step gets at most what is left of it, and none when
 # under 20 s are left (recorded as exit 124, 0 s).
+# GPU_STEPS="mlstm.tests e2e.lm_ours ...": run only the steps named (JOB.STEP); unset: every step.
 run_step() {
     local name=$1 limit=$2; shift 2
     local t0=$SECONDS rc
+    if [ -n "${GPU_STEPS:-}" ] && [[ " $GPU_STEPS " != *" $GPU_JOB.$name "* ]]; then
+        return 0
+    fi
     if [ -n "${GPU_DEADLINE:-}" ]; then
         local left=$((GPU_DEADLINE - $(date +%s)))
         if [ "$left" -lt 20 ]; then

@@ -13,9 +13,11 @@ gpu_setup || exit 1
 PYTEST=("$PY" -m pytest -p no:cacheprovider -q -rfE)
 # Cached across processes: a build that tools/gpu/all.sh started earlier in the background is reused.
 run_step build "${SLSTM_BUILD_LIMIT:-300}" "$PY" tools/gpu/build_slstm.py
-run_step tests "${SLSTM_TEST_LIMIT:-240}" "${PYTEST[@]}" --junitxml="$RESULTS/tests.junit.xml" -m "not slow" \
-    tests/backends/test_triton_slstm.py tests/backends/test_cuda_slstm.py \
+# SLSTM_TEST_MARK: the pytest -m expression (default "not slow"; "gpu" runs the realistic shapes only).
+run_step tests "${SLSTM_TEST_LIMIT:-240}" "${PYTEST[@]}" --junitxml="$RESULTS/tests.junit.xml" \
+    -m "${SLSTM_TEST_MARK:-not slow}" tests/backends/test_triton_slstm.py tests/backends/test_cuda_slstm.py \
     tests/backends/test_kernel_parity.py -k "slstm and (triton or cuda)"
-run_step bench "${SLSTM_BENCH_LIMIT:-240}" env XLSTM_ZOO_BENCH_OUT="$RESULTS" "${PYTEST[@]}" -s --benchmark-enable \
-    tests/bench/test_bench_gpu.py -k "slstm"
+BENCH=(env XLSTM_ZOO_BENCH_OUT="$RESULTS" "${PYTEST[@]}" -s --benchmark-enable tests/bench/test_bench_gpu.py)
+run_step bench "${SLSTM_BENCH_LIMIT:-150}" "${BENCH[@]}" -k "slstm and ours"
+run_step bench_baselines "${SLSTM_BASELINE_LIMIT:-90}" env XLSTM_ZOO_BENCH_APPEND=1 "${BENCH[@]}" -k "slstm and official"
 finish
