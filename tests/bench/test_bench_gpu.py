@@ -11,8 +11,8 @@ baseline that fails or is missing is skipped with its reason, the others still r
 1. mLSTM chunkwise, forward (no_grad) and forward+backward, B=8, 8 heads, qk head dim 128, v head
    dim 256, T from ``XLSTM_ZOO_BENCH_SEQ_LENS``, bf16: ours (``mlstm_sequence(backend="triton")``,
    chunk sizes from ``XLSTM_ZOO_BENCH_CHUNKS``) vs mlstm_kernels ``chunkwise--triton_xl_chunk``
-   (TFLA, its default chunk 128) vs torch SDPA with the flash backend forced. Flash needs equal head
-   dims, so it runs q, k, v at head dim 128 (half the v width of the mLSTM cases): a reference
+   (TFLA, its default chunk 128) and ``chunkwise--triton_limit_chunk`` (chunk 64) vs torch SDPA
+   with the flash backend forced. Flash needs equal head dims, so it runs q, k, v at head dim 128 (half the v width of the mLSTM cases): a reference
    point, not the same work.
 2. sLSTM, forward (no_grad) and forward+backward, B=16, T=1024, hidden 1024, 4 heads (Dh=256), bf16
    and fp32:
@@ -85,8 +85,9 @@ _copy: dict = {}
 
 def _resume_report() -> None:
     """``XLSTM_ZOO_BENCH_APPEND=1``: start from the report a previous process wrote to the same folder,
-    so a baseline that may crash its process (see ``_no_slp_vectorizer``) runs in a process of its own
-    and its rows still pair with ours in one table."""
+    so a baseline that may abort its process runs in a process of its own and its rows still pair with
+    ours in one table. (On an H200 with Triton 3.6.0, mlstm_kernels 2.0.6's TFLA forward kernel aborted
+    the whole process in LLVM's SLP vectorizer: an assertion, which no ``except`` can catch.)"""
     path = OUT_DIR / "gpu_kernels.json"
     if os.environ.get("XLSTM_ZOO_BENCH_APPEND") == "1" and path.exists():
         old = json.loads(path.read_text())
@@ -96,29 +97,6 @@ def _resume_report() -> None:
 
 
 _resume_report()
-
-
-def _no_slp_vectorizer() -> str | None:
-    """``XLSTM_ZOO_BENCH_NO_SLP=1``: compile every Triton kernel of this process without LLVM's SLP
-    vectorizer. On an H200 with Triton 3.6.0, mlstm_kernels 2.0.6's TFLA forward kernel aborted the
-    whole process in LLVM's SLP vectorizer (an assertion, not an exception); Triton itself turns the
-    pass off only for sm_80. Applies to ours and the baselines alike; the report says when it was on."""
-    if os.environ.get("XLSTM_ZOO_BENCH_NO_SLP") != "1" or not torch.cuda.is_available():
-        return None
-    from triton.backends.nvidia import compiler
-
-    original = compiler.llvm.optimize_module
-
-    def optimize_module(*args, **kwargs):
-        try:
-            return original(*args, **{**kwargs, "disable_slp_vectorizer": True})
-        except TypeError:  # a Triton whose optimize_module has no such switch
-            return original(*args, **kwargs)
-    compiler.llvm.optimize_module = optimize_module
-    return "LLVM SLP vectorizer off for Triton kernels (XLSTM_ZOO_BENCH_NO_SLP=1)"
-
-
-_SLP_NOTE = _no_slp_vectorizer()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,8 +157,6 @@ def cuda_time(benchmark, fn, setup=None) -> float:
 def _record(benchmark, case, mode, shape, impl, median_ms, **extra):
     benchmark.group = f"{case} {mode} {shape}"
     benchmark.extra_info.update(case=case, mode=mode, shape=shape, impl=impl, **extra)
-    if _SLP_NOTE:
-        extra["llvm_slp_off"] = True
     _records.append(dict(case=case, mode=mode, shape=shape, impl=impl, median_ms=median_ms, **extra))
     write_report()  # after every row: a later crash of the process loses only its own case
 
@@ -218,7 +194,8 @@ def _report(request):
 # ---------------------------------------------------------------------------------------------
 # 1. mLSTM chunkwise vs TFLA vs flash attention
 
-MLSTM_IMPLS = [f"ours-triton-c{c}" for c in OUR_CHUNKS] + ["tfla-xl_chunk-c128", f"sdpa-flash-d{FLASH_D}"]
+MLSTM_IMPLS = [f"ours-triton-c{c}" for c in OUR_CHUNKS] + ["tfla-xl_chunk-c128", "mlstm_kernels-limit_chunk-c64",
+                                                         f"sdpa-flash-d{FLASH_D}"]
 
 
 def _mlstm_inputs(T, dv, requires_grad):
@@ -249,20 +226,24 @@ def test_mlstm_chunkwise(benchmark, mode, T, impl):
 
         def run():
             return mlstm_sequence(q, k, v, i, f, backend="triton", chunk_size=chunk)[0]
-    elif impl.startswith("tfla"):
+    elif impl.startswith(("tfla", "mlstm_kernels")):
+        # TFLA (xl_chunk, chunk 128) or mlstm_kernels' older limit_chunk kernel (chunk 64, the official
+        # xlstm_large default), a second baseline where TFLA does not compile.
+        name, chunk = (("chunkwise--triton_xl_chunk", 128) if impl.startswith("tfla")
+                       else ("chunkwise--triton_limit_chunk", 64))
         try:
             from mlstm_kernels.torch import get_mlstm_kernel
 
-            tfla = get_mlstm_kernel("chunkwise--triton_xl_chunk")
+            baseline = get_mlstm_kernel(name)
         except Exception as err:
-            _skip(case, mode, shape, impl, f"mlstm_kernels TFLA unavailable: {type(err).__name__}: {err}")
+            _skip(case, mode, shape, impl, f"mlstm_kernels {name} unavailable: {type(err).__name__}: {err}")
         q, k, v, i, f = _mlstm_inputs(T, M_DV, grad)
 
-        # TFLA: i is the exponential input gate's pre-activation, f the sigmoid forget gate's (it
-        # takes logsigmoid inside), q scaled by Dk**-0.5: the same maths as our default gates.
+        # i is the exponential input gate's pre-activation, f the sigmoid forget gate's (it takes
+        # logsigmoid inside), q scaled by Dk**-0.5: the same maths as our default gates.
         # Forward-only returns the last states as ours always does.
         def run():
-            out = tfla(q, k, v, i, f, return_last_states=not grad, chunk_size=128)
+            out = baseline(q, k, v, i, f, return_last_states=not grad, chunk_size=chunk)
             return out[0] if isinstance(out, tuple) else out
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -598,8 +579,6 @@ def _table() -> list[str]:
             parts.append(f"{r['state_bytes_per_s'] / 1e9:.0f} GB/s = {100 * r['fraction_of_copy_bw']:.0f}% of copy")
         if "note" in r:
             parts.append(r["note"])
-        if r.get("llvm_slp_off"):
-            parts.append("compiled with LLVM's SLP vectorizer off")
         return "; ".join(parts)
 
     for key in sorted(groups, key=lambda k: (k[0], k[1])):  # stable: shapes stay in run order

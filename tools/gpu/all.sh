@@ -5,7 +5,8 @@
 # each job into $OUT/gpu_results.tgz (the device tool brings back at most 8 files), with each job's
 # results.md beside it as $OUT/<job>.md.
 #
-#   device run:  tools/gpu/all.sh          (carry: [".whl"]; tools/gpu/wheels.sh fills .whl/ first)
+#   device run:  XLSTM_ZOO_GPU_COMMIT=<the commit sent> tools/gpu/all.sh
+#                (carry: [".whl"]; tools/gpu/wheels.sh fills .whl/ first; GPU_STEPS picks steps, setup.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/tests/bench/results/gpu}

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -47,7 +48,8 @@ def environment(command: str) -> dict:
     return dict(
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         command=command,
-        commit=_run("git", "rev-parse", "--short", "HEAD"),
+        # The device tool's copy may carry a stale .git: the caller passes the commit it sent.
+        commit=os.environ.get("XLSTM_ZOO_GPU_COMMIT") or _run("git", "rev-parse", "--short", "HEAD"),
         device=torch.cuda.get_device_name() if cuda else "cpu (rehearsal: no CUDA device)",
         compute_capability=".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
         nvidia_smi=smi,

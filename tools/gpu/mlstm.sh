@@ -15,9 +15,12 @@ BENCH=(env XLSTM_ZOO_BENCH_OUT="$RESULTS" "${PYTEST[@]}" -s --benchmark-enable t
 run_step tests "${MLSTM_TEST_LIMIT:-240}" "${PYTEST[@]}" --junitxml="$RESULTS/tests.junit.xml" -m "not slow" \
     tests/backends/test_triton_mlstm_chunkwise.py tests/backends/test_triton_mlstm_step.py \
     tests/backends/test_kernel_parity.py -k "${MLSTM_TEST_FILTER:-mlstm and triton}"
-# Ours first; the mlstm_kernels baselines in a process of their own (TFLA aborted a whole process under
-# Triton 3.6.0: see _no_slp_vectorizer in the bench), appending to the same report.
+# Ours first; each mlstm_kernels baseline in a process of its own, appending to the same report: on an
+# H200 with Triton 3.6.0 TFLA aborted its whole process (an LLVM assertion), losing every later case.
 run_step bench "${MLSTM_BENCH_LIMIT:-150}" "${BENCH[@]}" -k "mlstm and not tfla and not mlstm_kernels"
-run_step bench_baselines "${MLSTM_BASELINE_LIMIT:-90}" env XLSTM_ZOO_BENCH_APPEND=1 XLSTM_ZOO_BENCH_NO_SLP=1 \
-    "${BENCH[@]}" -k "mlstm and (tfla or mlstm_kernels)"
+run_step bench_tfla "${MLSTM_BASELINE_LIMIT:-60}" env XLSTM_ZOO_BENCH_APPEND=1 "${BENCH[@]}" -k "mlstm and tfla"
+run_step bench_limit_chunk "${MLSTM_BASELINE_LIMIT:-60}" env XLSTM_ZOO_BENCH_APPEND=1 "${BENCH[@]}" \
+    -k "mlstm_chunkwise and mlstm_kernels"
+run_step bench_mk_step "${MLSTM_BASELINE_LIMIT:-60}" env XLSTM_ZOO_BENCH_APPEND=1 "${BENCH[@]}" \
+    -k "mlstm_step and mlstm_kernels"
 finish
