@@ -17,10 +17,12 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from xlstm_zoo import packed
 from xlstm_zoo.backends.block_step import registrations
+from xlstm_zoo.blocks.base import Block
 from xlstm_zoo.blocks.post_up import PostUpBlockConfig
 from xlstm_zoo.blocks.pre_up import PreUpBlockConfig
-from xlstm_zoo.cells.base import StateSpec
+from xlstm_zoo.cells.base import Cell, StateSpec
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.errors import InputError
 from xlstm_zoo.norms import LayerNormConfig
@@ -143,7 +145,26 @@ class Stack(nn.Module):
             self._specs_at = registrations()  # reading the specs may itself have registered modules
         return self._specs
 
-    def forward(self, x: torch.Tensor, state: tuple | None = None):
+    def forward(self, x: torch.Tensor, state: tuple | None = None, *, doc_starts: torch.Tensor | None = None):
+        """``x [B, T, dim]`` -> ``[B, T, dim]``, final state. ``doc_starts [B, T]`` (bool): documents
+        packed in a row start where it is True, each from the zero state (xlstm_zoo.packed)."""
+        if doc_starts is None:
+            return self._forward(x, state)
+        starts = packed.check_doc_starts(doc_starts, x.shape[0], x.shape[1])
+        self.check_packable()
+        return packed.run_documents(self._forward, x, state, starts)
+
+    def check_packable(self) -> None:
+        """An :class:`InputError` naming the first block or cell that does not declare document boundaries."""
+        for i, block in enumerate(self.blocks):
+            for module in block.modules():
+                if isinstance(module, (Block, Cell)) and not packed.supports_doc_starts(module):
+                    kind = "block" if isinstance(module, Block) else "cell"
+                    raise InputError(f"block {i} ({self.block_types[i]}): its {kind} {type(module).__name__} does not "
+                                     "declare support for document boundaries (doc_starts / cu_seqlens); decorate "
+                                     "its forward with xlstm_zoo.packed.packable if its state holds all it carries")
+
+    def _forward(self, x: torch.Tensor, state: tuple | None = None):
         if state is None:
             state = (None,) * len(self.blocks)
         else:
@@ -154,8 +175,10 @@ class Stack(nn.Module):
             new_state.append(block_state)
         return self.post_norm(x), tuple(new_state)
 
-    def step(self, x_t: torch.Tensor, state: tuple | None):
-        """One token; ``state=None`` means the zero state, as in :meth:`forward`."""
+    def step(self, x_t: torch.Tensor, state: tuple | None, *, reset: torch.Tensor | None = None):
+        """One token; ``state=None`` means the zero state, as in :meth:`forward`. ``reset [B]`` (bool):
+        the rows where it is True restart from the zero state before this token."""
+        rows = None if reset is None else packed.check_rows(reset, x_t.shape[0])
         if state is None:
             state = self.init_state(x_t.shape[0], x_t.device)
         else:
@@ -163,6 +186,8 @@ class Stack(nn.Module):
             if any(s is None for s in state):  # an entry left to its block's zero state
                 state = [s if s is not None else block.init_state(x_t.shape[0], x_t.device)
                          for s, block in zip(state, self.blocks)]
+            if rows is not None:
+                state = packed.reset_rows(tuple(state), self.init_state(x_t.shape[0], x_t.device), rows)
         first = type(self.blocks[0])
         run = getattr(first, "step_run", None) if all(type(block) is first for block in self.blocks) else None
         stepped = run(list(self.blocks), x_t, state) if run is not None else None

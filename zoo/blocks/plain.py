@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from xlstm_zoo.packed import packable
 from xlstm_zoo.blocks.base import Block, build_cell
 from xlstm_zoo.cells.lstm import LSTMCellConfig
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig
@@ -23,6 +24,7 @@ class PlainBlock(Block):
         super().__init__()
         self.cell = build_cell(config.cell, ctx, ctx.dim)
 
+    @packable
     def forward(self, x, state=None):
         return self.cell(x, state)
 

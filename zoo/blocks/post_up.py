@@ -12,6 +12,7 @@ from typing import Literal
 import torch.nn.functional as F
 from pydantic import Field
 
+from xlstm_zoo.packed import packable
 from xlstm_zoo.blocks.base import Block, ConvBlockState, build_cell, cell_heads
 from xlstm_zoo.cells.slstm import SLSTMCellConfig
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
@@ -50,6 +51,7 @@ class PostUpBlock(Block):
         x = x + self.cell_norm(y)
         return x + self.mlp(self.mlp_norm(x)) if self.mlp is not None else x
 
+    @packable
     def forward(self, x, state=None):
         if state is None:
             state = self.init_state(x.shape[0])

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from xlstm_zoo.packed import packable
 from xlstm_zoo.blocks.base import Block, ConvBlockState, build_cell, cell_heads
 from xlstm_zoo.cells.mlstm import MLSTMCellConfig
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
@@ -74,6 +75,7 @@ class PreUpBlock(Block):
         y = (self.cell_norm(y) + self.skip * x_conv) * F.silu(z)
         return x + self.down(y)
 
+    @packable
     def forward(self, x, state=None):
         if state is None:
             state = self.init_state(x.shape[0])

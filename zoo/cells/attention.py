@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from xlstm_zoo.packed import packable
 from xlstm_zoo.cells.base import Cell, merge_heads, split_heads
 from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.errors import ConfigError
@@ -135,6 +136,7 @@ class AttentionCell(Cell):
 
     # -- sequence and step ----------------------------------------------------------------------------
 
+    @packable
     def forward(self, x, state=None, *, value_input=None):
         B, T, _ = x.shape
         M = self.config.max_cache

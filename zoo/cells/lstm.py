@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from xlstm_zoo.packed import packable
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
@@ -120,6 +121,7 @@ class LSTMCell(Cell):
         h, c_T, h_T = ops.lstm_time_major(wx, self.R, c0, h0, rows=B)
         return h[:, 0].transpose(0, 1), ops.LSTMState(c_T.transpose(0, 1), h_T.transpose(0, 1))
 
+    @packable
     def forward(self, x, state=None, *, value_input=None):
         if self._loop_eligible(x, value_input):
             return self._loop_sequence(x, state)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from xlstm_zoo.packed import packable
 from xlstm_zoo import backends as ops
 from xlstm_zoo.cells.base import Cell
 from xlstm_zoo.config import BuildContext, ZooConfig
@@ -102,6 +103,7 @@ class MambaCell(Cell):
     def _out(self, y, u, z):
         return self.out_proj((y + u * self.D) * F.silu(z))
 
+    @packable
     def forward(self, x, state=None, *, value_input=None):
         B_, T, _ = x.shape
         kept = torch.promote_types(x.dtype, torch.float32)  # states: fp32 (float64 stays float64)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from xlstm_zoo.packed import packable
 from xlstm_zoo.cells.base import Cell, merge_heads, split_heads
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.layers import linear
@@ -140,6 +141,7 @@ class RetentionCell(Cell):
         y = self.norm(merge_heads(o).to(x.dtype)) * F.silu(self.gate(x))
         return self.out(y)
 
+    @packable
     def forward(self, x, state=None, *, value_input=None):
         q, k, v = self._qkv(x, value_input)
         S = (self.init_state(x.shape[0], x.device) if state is None else state).S.to(q.dtype)

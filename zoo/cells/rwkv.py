@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from xlstm_zoo.packed import packable
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.states import WKVState
 from xlstm_zoo.cells.base import Cell
@@ -127,6 +128,7 @@ class RWKVTimeMix(Cell):
     def _decay_bonus(self, dtype):
         return -torch.exp(self.decay.to(dtype)), self.bonus.to(dtype)
 
+    @packable
     def forward(self, x, state=None, *, value_input=None):
         if state is None:
             state = self.init_state(x.shape[0], x.device)
@@ -176,6 +178,7 @@ class RWKVChannelMix(Cell):
         r = torch.sigmoid(self.receptance(mix(x, shifted, self.mix_r).to(wdt)))
         return (r * self.value(k)).to(dtype)  # states and the output keep the compute dtype
 
+    @packable
     def forward(self, x, state=None, *, value_input=None):
         if state is None:
             state = self.init_state(x.shape[0], x.device)

@@ -11,6 +11,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from xlstm_zoo import packed
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
 from xlstm_zoo.models.tokens import embed_tokens
@@ -68,18 +69,22 @@ class Classifier(nn.Module):
     def init_state(self, batch: int, device=None) -> tuple:
         return self.stack.init_state(batch, device or self.head.weight.device)
 
-    def forward(self, x: torch.Tensor, state: tuple | None = None):
-        """``x [B, T]`` tokens or ``[B, T, input_dim]`` -> ``[B, classes]`` (or ``[B, T, classes]``), state."""
-        h, state = self.stack(self._embed(x), state)
+    def forward(self, x: torch.Tensor, state: tuple | None = None, *, doc_starts: torch.Tensor | None = None,
+                cu_seqlens=None):
+        """``x [B, T]`` tokens or ``[B, T, input_dim]`` -> ``[B, classes]`` (or ``[B, T, classes]``), state.
+        ``doc_starts`` / ``cu_seqlens``: packed documents, as for the causal LM."""
+        starts = packed.boundaries(doc_starts, cu_seqlens, *x.shape[:2])
+        h, state = self.stack(self._embed(x), state, doc_starts=starts)
         if self.config.pool == "last":
             h = h[:, -1]
         elif self.config.pool == "mean":
             h = h.mean(1)
         return self.head(h), state
 
-    def step(self, x_t: torch.Tensor, state: tuple | None):
-        """One token (``[B]``) or vector (``[B, input_dim]``) -> per-token logits ``[B, classes]``, state."""
-        h, state = self.stack.step(self._embed(x_t), state)
+    def step(self, x_t: torch.Tensor, state: tuple | None, *, reset: torch.Tensor | None = None):
+        """One token (``[B]``) or vector (``[B, input_dim]``) -> per-token logits ``[B, classes]``, state;
+        ``reset [B]`` (bool) restarts those rows from the zero state first."""
+        h, state = self.stack.step(self._embed(x_t), state, reset=reset)
         return self.head(h), state
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:

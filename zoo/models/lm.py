@@ -8,6 +8,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from xlstm_zoo import packed
 from xlstm_zoo import backends as ops
 from xlstm_zoo.compiling import compile_or_eager
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
@@ -70,14 +71,19 @@ class CausalLM(nn.Module):
     def init_state(self, batch: int, device=None) -> tuple:
         return self.stack.init_state(batch, device or self.embedding.weight.device)
 
-    def forward(self, tokens: torch.Tensor, state: tuple | None = None):
-        """``tokens [B, T]`` -> ``logits [B, T, vocab]``, final state."""
-        h, state = self.stack(self.embedding_norm(embed_tokens(self.embedding, tokens)), state)
+    def forward(self, tokens: torch.Tensor, state: tuple | None = None, *, doc_starts: torch.Tensor | None = None,
+                cu_seqlens=None):
+        """``tokens [B, T]`` -> ``logits [B, T, vocab]``, final state. Packed rows: ``doc_starts [B, T]``
+        (bool, True where a document starts: it starts from the zero state) or flash-linear-attention's
+        ``cu_seqlens`` for one row (see xlstm_zoo.packed)."""
+        starts = packed.boundaries(doc_starts, cu_seqlens, *tokens.shape[:2])
+        h, state = self.stack(self.embedding_norm(embed_tokens(self.embedding, tokens)), state, doc_starts=starts)
         return self._logits(h), state
 
-    def step(self, token: torch.Tensor, state: tuple | None):
-        """``token [B]`` -> ``logits [B, vocab]``, next state (``state=None``: the zero state)."""
-        h, state = self.stack.step(self.embedding_norm(embed_tokens(self.embedding, token)), state)
+    def step(self, token: torch.Tensor, state: tuple | None, *, reset: torch.Tensor | None = None):
+        """``token [B]`` -> ``logits [B, vocab]``, next state (``state=None``: the zero state); ``reset [B]``
+        (bool) restarts those rows from the zero state first."""
+        h, state = self.stack.step(self.embedding_norm(embed_tokens(self.embedding, token)), state, reset=reset)
         return self._logits(h), state
 
     def compiled_step(self):

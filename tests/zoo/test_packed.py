@@ -1,0 +1,193 @@
+"""Packed rows (xlstm_zoo.packed): a batch of rows packed from documents equals each document run alone.
+
+For every shipped model recipe: logits, each row's final state (its last document's own final state)
+and every parameter's gradient, with random document lengths (length 1, a document at position 0 and
+one starting at T-1, rows of other layouts), within 1e-5 of the output's scale in fp32 (1e-10 in
+fp64 for one model of each state kind). Then the
+flash-linear-attention form (``cu_seqlens``), ``step(reset=...)``, and the errors for bad input.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xlstm_zoo
+from xlstm_zoo.errors import InputError
+from xlstm_zoo.packed import packable, select_rows
+from xlstm_zoo.recipe import shipped_recipes
+
+MODELS = sorted(r for r in shipped_recipes() if r.startswith("models/"))
+T = 23
+# Per row: the positions where a document starts. Row 0: documents of 1, 6, 3 and 12 tokens after a
+# prefix that continues the given state; row 1: a document at 0, one of length 1 in the middle and one
+# starting at T-1; row 2: no boundary.
+STARTS = [[1, 2, 8, 11], [0, 9, 10, T - 1], []]
+
+
+def packed_mask() -> torch.Tensor:
+    mask = torch.zeros(len(STARTS), T, dtype=torch.bool)
+    for row, starts in enumerate(STARTS):
+        mask[row, starts] = True
+    return mask
+
+
+def documents(row: int) -> list[tuple[int, int, bool]]:
+    edges = sorted({0, *STARTS[row]})
+    return [(s, e, s in STARTS[row]) for s, e in zip(edges, edges[1:] + [T])]
+
+
+def build(name: str, dtype=torch.float32):
+    torch.manual_seed(0)
+    model = xlstm_zoo.build(xlstm_zoo.load_recipe(name))
+    return model.to(dtype).eval()
+
+
+def flat(state) -> list[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [t for s in state for t in flat(s)]
+    return []
+
+
+def close(got, want, what):
+    tol = 1e-10 if want.dtype == torch.float64 else 1e-5
+    scale = want.abs().max().item()
+    err = (got - want).abs().max().item()
+    assert err <= tol * scale + tol / 100, f"{what}: max abs err {err:.3g} > {tol} * {scale:.3g}"
+
+
+@pytest.mark.parametrize("name, dtype", [pytest.param(n, torch.float32, id=f"{n}-fp32") for n in MODELS] + [
+    pytest.param(n, torch.float64, id=f"{n}-fp64") for n in ("models/xlstm_1_1", "models/llama", "models/mamba",
+                                                             "models/rwkv")])
+def test_packed_rows_equal_documents_alone(name, dtype):
+    model = build(name, dtype)
+    vocab = model.embedding.num_embeddings
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (len(STARTS), T), generator=g)
+    prefix = torch.randint(0, vocab, (len(STARTS), 5), generator=g)
+    with torch.no_grad():
+        _, state = model(prefix)  # a non-zero state that the first document of each row continues
+    weights = torch.randn(len(STARTS), T, vocab, generator=g, dtype=dtype)
+
+    model.zero_grad()
+    logits, final = model(tokens, state, doc_starts=packed_mask())
+    (logits * weights).sum().backward()
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    alone_logits, alone_final = torch.zeros_like(logits), []
+    for row in range(len(STARTS)):
+        row_state = select_rows(state, slice(row, row + 1))
+        for start, end, fresh in documents(row):
+            out, row_state = model(tokens[row:row + 1, start:end], None if fresh else row_state)
+            (out * weights[row:row + 1, start:end]).sum().backward()
+            alone_logits[row:row + 1, start:end] = out.detach()
+        alone_final.append(row_state)
+
+    close(logits.detach(), alone_logits, f"{name}: logits")
+    for row in range(len(STARTS)):
+        for i, (a, b) in enumerate(zip(flat(select_rows(final, slice(row, row + 1))), flat(alone_final[row]))):
+            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}")
+    for n, p in model.named_parameters():
+        if n in packed_grads:
+            close(packed_grads[n], p.grad, f"{name}: grad {n}")
+
+
+def test_cu_seqlens_is_doc_starts_of_one_row():
+    model = build("models/xlstm_1_1")
+    tokens = torch.randint(0, model.embedding.num_embeddings, (1, T))
+    mask = torch.zeros(1, T, dtype=torch.bool)
+    mask[0, [0, 4, 5, 17]] = True
+    with torch.no_grad():
+        a, _ = model(tokens, doc_starts=mask)
+        b, _ = model(tokens, cu_seqlens=torch.tensor([0, 4, 5, 17, T]))
+        c, _ = model(tokens)
+    assert torch.equal(a, b)
+    assert not torch.allclose(a[:, 4:], c[:, 4:])  # the boundaries change what follows them
+
+
+def test_step_reset_restarts_the_chosen_rows():
+    model = build("models/xlstm_1_1")
+    vocab = model.embedding.num_embeddings
+    prefix = torch.randint(0, vocab, (3, 7))
+    token = torch.randint(0, vocab, (3,))
+    with torch.no_grad():
+        _, state = model(prefix)
+        got, new_state = model.step(token, state, reset=torch.tensor([True, False, True]))
+        fresh, fresh_state = model.step(token, None)
+        kept, kept_state = model.step(token, state)
+    close(got[[0, 2]], fresh[[0, 2]], "reset rows")
+    close(got[1], kept[1], "kept row")
+    for a, b in zip(flat(select_rows(new_state, slice(0, 1))), flat(select_rows(fresh_state, slice(0, 1)))):
+        close(a, b, "reset row's state")
+
+
+def test_no_boundaries_is_the_plain_call():
+    model = build("models/mamba")
+    tokens = torch.randint(0, model.embedding.num_embeddings, (2, T))
+    with torch.no_grad():
+        plain, _ = model(tokens)
+        unmarked, _ = model(tokens, doc_starts=torch.zeros(2, T, dtype=torch.bool))
+    close(unmarked, plain, "an all-False mask")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(doc_starts=torch.zeros(2, T, dtype=torch.int64)), "must be a bool tensor"),
+    (dict(doc_starts=torch.zeros(2, T - 1, dtype=torch.bool)), rf"must be \[2, {T}\]"),
+    (dict(doc_starts=[[True] * T] * 2), "got a list"),
+    (dict(cu_seqlens=[0, T]), "batch 1"),
+    (dict(doc_starts=torch.zeros(2, T, dtype=torch.bool), cu_seqlens=[0, T]), "not both"),
+])
+def test_bad_boundaries_are_one_line_errors(kwargs, message):
+    model = build("models/lstm")
+    with pytest.raises(InputError, match=message):
+        model(torch.zeros(2, T, dtype=torch.long), **kwargs)
+
+
+@pytest.mark.parametrize("cu_seqlens, message", [
+    ([1, T], "start at 0"), ([0, 5, 5, T], "increase strictly"), ([0, 5], "end at the sequence length"),
+    ([0, 2.5, T], "integers"),
+])
+def test_bad_cu_seqlens(cu_seqlens, message):
+    model = build("models/lstm")
+    with pytest.raises(InputError, match=message):
+        model(torch.zeros(1, T, dtype=torch.long), cu_seqlens=cu_seqlens)
+
+
+def test_bad_reset():
+    model = build("models/lstm")
+    with pytest.raises(InputError, match=r"reset must be a bool tensor \[2\]"):
+        model.step(torch.zeros(2, dtype=torch.long), None, reset=torch.tensor([1, 0]))
+
+
+def test_a_cell_that_does_not_declare_boundaries_is_refused_by_name():
+    model = build("models/lstm")
+    cell = model.stack.blocks[0].cell
+    plain_forward = type(cell).forward.__wrapped__
+
+    class NoBoundaries(type(cell)):
+        forward = plain_forward  # what a plugin cell without xlstm_zoo.packed.packable has
+
+    cell.__class__ = NoBoundaries
+    with pytest.raises(InputError, match="cell NoBoundaries does not declare support for document boundaries"):
+        model(torch.zeros(1, T, dtype=torch.long), cu_seqlens=[0, 3, T])
+    with torch.no_grad():
+        model(torch.zeros(1, T, dtype=torch.long))  # without boundaries it runs as before
+
+
+def test_packable_on_a_plugin_style_forward():
+    """The decorator alone gives a module the keyword; the state it returns is the last document's."""
+
+    class Running(torch.nn.Module):  # a running sum: state = sum of x so far
+        @packable
+        def forward(self, x, state=None):
+            total = (torch.zeros_like(x[:, 0]) if state is None else state) + x.cumsum(1)[:, -1]
+            out = x.cumsum(1) + (0 if state is None else state[:, None])
+            return out, total
+
+    x = torch.ones(1, 6, 1)
+    starts = torch.tensor([[False, False, True, False, False, True]])
+    out, state = Running()(x, torch.full((1, 1), 10.0), doc_starts=starts)
+    assert out.flatten().tolist() == [11, 12, 1, 2, 3, 1] and state.item() == 1

@@ -1,0 +1,154 @@
+"""Packed rows: document boundaries in a batch, and restarting rows of a state.
+
+A row packed from several documents carries ``doc_starts [B, T]`` (bool): ``True`` at t means a document
+starts there and the state entering t is the zero state, as if the row began at t. flash-linear-attention's
+convention (batch 1, ``cu_seqlens`` of cumulative lengths) converts to it with :func:`doc_starts_from_cu_seqlens`.
+
+:func:`packable` gives a ``forward(x, state=None, **kw)`` the ``doc_starts`` argument by running each
+document of each row on its own (its first one from the row's state, the others from the zero state)
+and joining outputs and final states: exact for any module whose state holds everything it carries
+from one token to the next, at the price of one call per document. ``None`` skips all of this.
+:func:`reset_rows` puts chosen rows of a state back to the zero state (a server restarting one user).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from xlstm_zoo.errors import InputError
+
+
+def check_doc_starts(doc_starts, batch: int, length: int) -> torch.Tensor:
+    """``doc_starts`` as a bool tensor ``[batch, length]`` on the CPU, or an :class:`InputError` saying what is wrong."""
+    if not isinstance(doc_starts, torch.Tensor):
+        raise InputError(f"doc_starts must be a bool tensor [B, T], got a {type(doc_starts).__name__}")
+    if doc_starts.dtype != torch.bool:
+        raise InputError(f"doc_starts must be a bool tensor [B, T] (True where a document starts), "
+                         f"got dtype {str(doc_starts.dtype).removeprefix('torch.')}")
+    if tuple(doc_starts.shape) != (batch, length):
+        raise InputError(f"doc_starts has shape {tuple(doc_starts.shape)}, but the input is {batch} rows of "
+                         f"{length} positions: it must be [{batch}, {length}]")
+    return doc_starts.detach().cpu()
+
+
+def doc_starts_from_cu_seqlens(cu_seqlens, batch: int, length: int) -> torch.Tensor:
+    """flash-linear-attention's ``cu_seqlens`` (``[0, l1, l1+l2, ..., T]`` for one packed row) as ``doc_starts [1, T]``."""
+    if batch != 1:
+        raise InputError(f"cu_seqlens describes one packed row (batch 1), but the input has {batch} rows; "
+                         "for several rows pass doc_starts [B, T]")
+    values = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        raise InputError(f"cu_seqlens must hold integers, got {values[:8]}")
+    if len(values) < 2 or values[0] != 0 or values[-1] != length:
+        raise InputError(f"cu_seqlens must start at 0 and end at the sequence length {length}, got {values[:8]}"
+                         + (" ..." if len(values) > 8 else ""))
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise InputError(f"cu_seqlens must increase strictly (every document at least one token), got {values[:8]}")
+    starts = torch.zeros(1, length, dtype=torch.bool)
+    starts[0, values[:-1]] = True
+    return starts
+
+
+def boundaries(doc_starts, cu_seqlens, batch: int, length: int) -> torch.Tensor | None:
+    """The one ``doc_starts`` a model call means (None: no boundaries); at most one of the two may be given."""
+    if doc_starts is not None and cu_seqlens is not None:
+        raise InputError("give doc_starts or cu_seqlens, not both")
+    if cu_seqlens is not None:
+        return doc_starts_from_cu_seqlens(cu_seqlens, batch, length)
+    return None if doc_starts is None else check_doc_starts(doc_starts, batch, length)
+
+
+def segments(row_starts: torch.Tensor) -> list[tuple[int, int, bool]]:
+    """``(start, end, fresh)`` per document of one row; ``fresh``: it starts from the zero state."""
+    cuts = row_starts.nonzero().flatten().tolist()
+    edges = sorted(set([0, *cuts]))
+    ends = edges[1:] + [row_starts.numel()]
+    return [(s, e, s in cuts) for s, e in zip(edges, ends)]
+
+
+def select_rows(state, index: slice):
+    """The rows ``index`` of a state (nested tuples of tensors with the batch first; None stays None)."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state[index]
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*(select_rows(s, index) for s in state))
+    if isinstance(state, (tuple, list)):
+        return type(state)(select_rows(s, index) for s in state)
+    return state
+
+
+def join_rows(states: list):
+    """Inverse of :func:`select_rows` over consecutive rows: one state from per-row states."""
+    first = states[0]
+    if first is None:
+        return None
+    if isinstance(first, torch.Tensor):
+        return torch.cat(states, dim=0)
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(join_rows([s[i] for s in states]) for i in range(len(first))))
+    if isinstance(first, (tuple, list)):
+        return type(first)(join_rows([s[i] for s in states]) for i in range(len(first)))
+    return first
+
+
+def run_documents(forward, x: torch.Tensor, state, doc_starts: torch.Tensor, **row_inputs):
+    """``forward(x, state, **row_inputs) -> (y, state)`` over every document of every row on its own.
+
+    ``row_inputs`` with the batch and time first (a cell's ``value_input``) are cut like ``x``."""
+    outputs, states = [], []
+    for b in range(x.shape[0]):
+        row_state, pieces = select_rows(state, slice(b, b + 1)), []
+        for start, end, fresh in segments(doc_starts[b]):
+            extra = {k: None if v is None else v[b:b + 1, start:end] for k, v in row_inputs.items()}
+            y, row_state = forward(x[b:b + 1, start:end], None if fresh else row_state, **extra)
+            pieces.append(y)
+        outputs.append(torch.cat(pieces, dim=1))
+        states.append(row_state)
+    return torch.cat(outputs, dim=0), join_rows(states)
+
+
+def packable(forward):
+    """Give a module's ``forward(self, x, state=None, **kw)`` the keyword ``doc_starts`` (see the module doc).
+
+    Also the declaration that the module supports document boundaries: a plugin cell or block whose
+    state holds all it carries between tokens can use it as it is."""
+
+    @functools.wraps(forward)
+    def wrapper(self, x, state=None, *, doc_starts=None, **kwargs):
+        if doc_starts is None:
+            return forward(self, x, state, **kwargs)
+        starts = check_doc_starts(doc_starts, x.shape[0], x.shape[1])
+        return run_documents(functools.partial(forward, self), x, state, starts, **kwargs)
+
+    wrapper.packable = True
+    return wrapper
+
+
+def supports_doc_starts(module) -> bool:
+    return bool(getattr(type(module).forward, "packable", False))
+
+
+def check_rows(reset, batch: int) -> torch.Tensor:
+    if not isinstance(reset, torch.Tensor) or reset.dtype != torch.bool or tuple(reset.shape) != (batch,):
+        shown = (f"a {str(reset.dtype).removeprefix('torch.')} tensor of shape {tuple(reset.shape)}"
+                 if isinstance(reset, torch.Tensor) else f"a {type(reset).__name__}")
+        raise InputError(f"reset must be a bool tensor [{batch}] (True: restart that row), got {shown}")
+    return reset
+
+
+def reset_rows(state, zero_state, reset: torch.Tensor):
+    """``state`` with the rows where ``reset`` is True replaced by ``zero_state``'s (same structure)."""
+    if state is None or zero_state is None:
+        return zero_state if state is None else state
+    if isinstance(state, torch.Tensor):
+        keep = reset.to(state.device).view(-1, *([1] * (state.dim() - 1)))
+        return torch.where(keep, zero_state.to(state.dtype), state)
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*(reset_rows(s, z, reset) for s, z in zip(state, zero_state)))
+    if isinstance(state, (tuple, list)):
+        return type(state)(reset_rows(s, z, reset) for s, z in zip(state, zero_state))
+    return state
