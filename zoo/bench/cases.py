@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from xlstm_zoo.bench.packed_cases import packed_cases
 from xlstm_zoo.backends import GateSchemes, linear_step, mlstm_sequence
 from xlstm_zoo.cells.lstm import LSTMCell, LSTMCellConfig
 from xlstm_zoo.config import BuildContext
@@ -750,7 +751,7 @@ def make_cases(scale: Scale = FULL) -> list[Case]:
     """Every case at this scale, in table order."""
     return (_architecture_cases(scale) + _large_cases(scale) + _lstm_cases(scale) + _op_cases(scale)
             + _linear_step_cases(scale) + _sweep_cases(scale) + _generation_cases(scale) + _rwkv_cases(scale)
-            + _baseline_layer_cases(scale))
+            + _baseline_layer_cases(scale) + packed_cases(scale, Prepared, Case))
 
 
 def case_names(scale: Scale = FULL) -> list[str]:
