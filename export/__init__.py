@@ -122,7 +122,7 @@ def writable_dir(out_dir) -> Path:
 def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | None = None, dtype: str = "float32",
                 validate: bool = True, rollout_steps: int = 1000, prefill: int | None = None,
                 input_dim: int | None = None, name: str = "step", source: str = "",
-                threads: int | None = None, seed: int = 0) -> ExportResult:
+                threads: int | None = None, seed: int = 0, reset: bool = False) -> ExportResult:
     """Export ``model``'s recurrent step to ``out_dir/{name}.onnx`` and validate it.
 
     ``model`` is anything with ``init_state(batch)`` and ``step(x_t, state)``: a model from a recipe,
@@ -130,7 +130,8 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     the tracing example); ``dtype`` the compute dtype (states stay fp32); ``prefill=T`` also
     writes ``{name}.prefill.onnx`` taking T tokens at once. ``validate`` runs onnxruntime against
     PyTorch at the batch sizes ``min``, ``opt`` and ``max`` and over ``rollout_steps`` steps from the
-    zero and a random state. Also written: ``{name}.json`` (names, shapes, zero-state values,
+    zero and a random state. ``reset=True`` adds the input ``reset [batch]`` (bool: those rows restart
+    from the zero state before the step), validated with random resets in the rollouts. Also written: ``{name}.json`` (names, shapes, zero-state values,
     opset, versions, validation). Check ``result.ok``; ``result.report`` has every number.
     """
     if dtype not in DTYPES:
@@ -150,6 +151,7 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     torch_dtype = DTYPES[dtype]
     work = prepare_model(model, torch_dtype)
     signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__)
+    signature.reset = reset
     module = StepModule(work, signature).eval()
     missing = signature.undeclared() if validate else []
     if missing:  # validation starts from a random state; export_sample is optional (plugin API 2)
@@ -197,7 +199,7 @@ def _prefill_signature(signature: StepSignature, pre_module: PrefillModule, seq_
     """The step signature with a time axis of fixed length ``seq_len`` on the input (and the output)."""
     inp = replace(signature.input, name="tokens" if signature.kind == "token" else "x",
                   shape=(seq_len, *signature.input.shape))
-    pre = replace(signature, input=inp)
+    pre = replace(signature, input=inp, reset=False)
     with torch.no_grad():  # the output's shape (a classifier that pools has no time axis)
         y = pre_module(pre.example_input(2, torch.Generator().manual_seed(0)), *pre.zero_state(2))[0]
     pre.output = replace(signature.output, shape=tuple(y.shape[1:]), dtype=y.dtype)

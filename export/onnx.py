@@ -60,12 +60,13 @@ def export_onnx(module: StepModule | PrefillModule, signature: StepSignature, pa
     gen = torch.Generator().manual_seed(0)
     x = signature.example_input(b, gen)
     states = signature.zero_state(b)
-    args = (x, *states)
+    reset = signature.example_reset(b, gen)
+    args = (x, *reset, *states)
     if batch[0] == batch[2]:
         dynamic_shapes = None
     else:
         dim = torch.export.Dim("batch", min=batch[0], max=batch[2])
-        dynamic_shapes = ({0: dim}, tuple({0: dim} for _ in states))
+        dynamic_shapes = ({0: dim}, tuple({0: dim} for _ in [*reset, *states]))
     output_names = list(signature.output_names)
     with _quiet() as log:
         try:

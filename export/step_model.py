@@ -55,6 +55,9 @@ class TensorSpec:
         return (batch, *self.shape)
 
 
+RESET = TensorSpec("reset", (), torch.bool)
+
+
 @dataclass
 class StepSignature:
     """What goes in and out of a model's step, and how the nested state maps to flat named tensors."""
@@ -69,6 +72,14 @@ class StepSignature:
     # Where a state class declares no export_sample (optional since plugin API 2): the step module whose
     # state after REACH_STEPS random inputs from the zero state is the random state validation starts from.
     reach_with: object = field(default=None, repr=False)
+    # A second input ``reset [batch]`` (bool): the rows where it is true restart from the zero state
+    # before the step (a server starting a new request in a running batch).
+    reset: bool = False
+
+    @property
+    def input_specs(self) -> list[TensorSpec]:
+        """Every input in order: the step's input, ``reset`` where there is one, the states."""
+        return [self.input, *([RESET] if self.reset else []), *self.states]
 
     @property
     def state_names(self) -> list[str]:
@@ -76,7 +87,7 @@ class StepSignature:
 
     @property
     def input_names(self) -> list[str]:
-        return [self.input.name, *self.state_names]
+        return [s.name for s in self.input_specs]
 
     @property
     def output_names(self) -> list[str]:
@@ -109,7 +120,8 @@ class StepSignature:
             states = self.zero_state(batch)
             with torch.no_grad():
                 for _ in range(REACH_STEPS):
-                    states = list(self.reach_with(self.example_input(batch, generator), *states)[1:])
+                    states = list(self.reach_with(self.example_input(batch, generator),
+                                                  *self.example_reset(batch, generator, p=0.0), *states)[1:])
             return states
         nested = _random_like(self.template, batch, generator)
         return self.flatten(nested)
@@ -117,6 +129,10 @@ class StepSignature:
     def undeclared(self) -> list[str]:
         """What the state lacks for :meth:`random_state` (empty when every state class declares it)."""
         return undeclared_states(self.template)
+
+    def example_reset(self, batch: int, generator: torch.Generator, p: float = 0.25) -> list[torch.Tensor]:
+        """``[reset]`` with each row restarting with probability ``p`` where the step takes one, else ``[]``."""
+        return [torch.rand(batch, generator=generator) < p] if self.reset else []
 
     def example_input(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         if self.kind == "token":
@@ -136,6 +152,8 @@ class StepSignature:
                       **({"vocab_size": self.vocab_size} if self.vocab_size else {})},
             "output": spec(self.output),
             "states": [{**spec(s), "output": NEXT + s.name} for s in self.states],
+            **({"reset": {**spec(RESET), "meaning": "true: the row restarts from the zero state before the step"}}
+               if self.reset else {}),
         }
 
 
@@ -402,7 +420,12 @@ class StepModule(nn.Module):
         self.model = model
         self.signature = signature
 
-    def forward(self, x, *states):
+    def forward(self, x, *inputs):
+        states = inputs
+        if self.signature.reset:  # reset rows take the zero state's constant values (-inf for sLSTM's m)
+            reset, states = inputs[0], inputs[1:]
+            states = [torch.where(reset.view(-1, *([1] * (s.dim() - 1))), torch.full_like(s, spec.zero), s)
+                      for s, spec in zip(states, self.signature.states)]
         y, new_state = self.model.step(x, self.signature.unflatten(states))
         return (y, *self.signature.flatten(new_state))
 

@@ -49,7 +49,7 @@ def _shape(batch, spec) -> str:
 def trtexec_command(onnx_path: str | Path, signature: StepSignature, batch: tuple[int, int, int],
                     engine_path: str | Path | None = None) -> str:
     """``trtexec`` building an engine from the ONNX with min/opt/max shapes for every input."""
-    specs = [signature.input, *signature.states]
+    specs = signature.input_specs
     lo, opt, hi = batch
 
     def shapes(b):
@@ -71,10 +71,11 @@ def compile_torch_tensorrt(module: StepModule, signature: StepSignature, batch: 
     module = module.cuda().eval()
     lo, opt, hi = batch
     gen = torch.Generator().manual_seed(0)
-    example = [signature.example_input(opt, gen).cuda(), *(s.cuda() for s in signature.zero_state(opt))]
-    specs = [signature.input, *signature.states]
+    rest = [*signature.example_reset(opt, gen), *signature.zero_state(opt)]
+    example = [signature.example_input(opt, gen).cuda(), *(s.cuda() for s in rest)]
+    specs = signature.input_specs
     dim = torch.export.Dim("batch", min=lo, max=hi) if lo != hi else None
-    dynamic = None if dim is None else ({0: dim}, tuple({0: dim} for _ in signature.states))
+    dynamic = None if dim is None else ({0: dim}, tuple({0: dim} for _ in rest))
     program = torch.export.export(module, tuple(example), dynamic_shapes=dynamic, strict=False)
     inputs = [torch_tensorrt.Input(min_shape=s.full_shape(lo), opt_shape=s.full_shape(opt), max_shape=s.full_shape(hi),
                                    dtype=s.dtype) for s in specs]
@@ -96,8 +97,9 @@ def rollout_torch_tensorrt(compiled, module: StepModule, signature: StepSignatur
     with torch.no_grad():
         for _ in range(steps):
             x = signature.example_input(batch, gen).cuda()
-            ref = module(x, *states)
-            got = compiled(x, *trt_states)
+            reset = [r.cuda() for r in signature.example_reset(batch, gen, p=0.05)]
+            ref = module(x, *reset, *states)
+            got = compiled(x, *reset, *trt_states)
             for name, g, r in zip(signature.output_names, got, ref):
                 worst[name] = max(worst[name], (g.float() - r.float()).abs().max().item())
             states, trt_states = list(ref[1:]), list(got[1:])
@@ -126,7 +128,7 @@ def build_engine_from_onnx(onnx_path: Path, signature: StepSignature, batch: tup
         config.clear_flag(trt.BuilderFlag.TF32)  # fp32 matmuls in fp32, as validated against PyTorch
     profile = builder.create_optimization_profile()
     lo, opt, hi = batch
-    for spec in [signature.input, *signature.states]:
+    for spec in signature.input_specs:
         profile.set_shape(spec.name, spec.full_shape(lo), spec.full_shape(opt), spec.full_shape(hi))
     config.add_optimization_profile(profile)
     engine = builder.build_serialized_network(network, config)
@@ -148,6 +150,7 @@ def rollout_engine(engine_path: Path, module: StepModule, signature: StepSignatu
     ping = [s.cuda() for s in signature.zero_state(batch)]
     pong = [torch.empty_like(s) for s in ping]
     ref_states = [s.clone() for s in ping]
+    no_reset = torch.zeros(batch, dtype=torch.bool, device="cuda")
     out = torch.empty(signature.output.full_shape(batch), dtype=signature.output.dtype, device="cuda")
     worst = {name: 0.0 for name in signature.output_names}
     with torch.no_grad():
@@ -155,6 +158,9 @@ def rollout_engine(engine_path: Path, module: StepModule, signature: StepSignatu
             x = signature.example_input(batch, gen).cuda()
             context.set_input_shape(signature.input.name, tuple(x.shape))
             context.set_tensor_address(signature.input.name, x.data_ptr())
+            if signature.reset:  # no row restarts in this rollout
+                context.set_input_shape("reset", (batch,))
+                context.set_tensor_address("reset", no_reset.data_ptr())
             for spec, src, dst in zip(signature.states, ping, pong):
                 context.set_input_shape(spec.name, tuple(src.shape))
                 context.set_tensor_address(spec.name, src.data_ptr())
@@ -163,7 +169,7 @@ def rollout_engine(engine_path: Path, module: StepModule, signature: StepSignatu
             if not context.execute_async_v3(stream.cuda_stream):
                 raise RuntimeError("TensorRT execution failed")
             stream.synchronize()
-            ref = module(x, *ref_states)
+            ref = module(x, *([no_reset] if signature.reset else []), *ref_states)
             for name, g, r in zip(signature.output_names, [out, *pong], ref):
                 worst[name] = max(worst[name], (g.float() - r.float()).abs().max().item())
             ping, pong = pong, ping

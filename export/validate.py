@@ -135,8 +135,9 @@ class OrtStep:
         self.input_names = signature.input_names
         self.output_names = signature.output_names
 
-    def __call__(self, x: np.ndarray, states: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        feeds = dict(zip(self.input_names, [x, *states]))
+    def __call__(self, x: np.ndarray, states: list[np.ndarray], reset: list[np.ndarray] = ()) \
+            -> tuple[np.ndarray, list[np.ndarray]]:
+        feeds = dict(zip(self.input_names, [x, *reset, *states]))
         out = self.session.run(self.output_names, feeds)
         return out[0], out[1:]
 
@@ -171,7 +172,7 @@ class Float64Reference:
         if self._module is None:
             self._module = copy.deepcopy(self._source).double().eval()
         x = x.double() if x.is_floating_point() else x
-        return self._module(x, *(s.double() for s in states))
+        return self._module(x, *(s.double() if s.is_floating_point() else s for s in states))  # reset stays bool
 
 
 def max_abs_diff(got: np.ndarray, ref: np.ndarray) -> float:
@@ -224,12 +225,13 @@ def validate_step(path, module: StepModule, signature: StepSignature, *, batches
     with torch.no_grad(), torch_threads(threads):
         for b in batches:
             x = signature.example_input(b, gen)
+            reset = signature.example_reset(b, gen, p=0.5)
             for start_kind in ("zero", "random"):
                 states = signature.zero_state(b) if start_kind == "zero" else signature.random_state(b, gen)
-                ref = module(x, *states)
-                got_y, got_states = ort_step(_np(x), [_np(s) for s in states])
+                ref = module(x, *reset, *states)
+                got_y, got_states = ort_step(_np(x), [_np(s) for s in states], [_np(r) for r in reset])
                 report.rows += compare_outputs(f"step from {start_kind}", b, names, [got_y, *got_states], ref,
-                                               lambda: ref64(x, *states), step_tol)
+                                               lambda: ref64(x, *reset, *states), step_tol)
         if rollout_steps:
             b = rollout_batch or batches[0]
             for start_kind in ("zero", "random"):
@@ -242,12 +244,13 @@ def validate_step(path, module: StepModule, signature: StepSignature, *, batches
 def _rollout(ort_step, module, ref64, signature, batch, steps, start_kind, gen, tol) -> list[Row]:
     states0 = signature.zero_state(batch) if start_kind == "zero" else signature.random_state(batch, gen)
     xs = [signature.example_input(batch, gen) for _ in range(steps)]
-    check = f"rollout {steps} from {start_kind}"
+    resets = [signature.example_reset(batch, gen, p=0.05) for _ in range(steps)]  # where the step takes one
+    check = f"rollout {steps} from {start_kind}" + (" with random resets" if signature.reset else "")
     states, ort_states = list(states0), [_np(s) for s in states0]
     worst = (0.0, 0.0, True, "")
-    for x in xs:
-        y, *states = module(x, *states)
-        got_y, ort_states = ort_step(_np(x), ort_states)
+    for x, reset in zip(xs, resets):
+        y, *states = module(x, *reset, *states)
+        got_y, ort_states = ort_step(_np(x), ort_states, [_np(r) for r in reset])
         result = compare(got_y, _np(y), *tol)
         worst = (max(worst[0], result[0]), max(worst[1], result[1]), worst[2] and result[2], worst[3] or result[3])
     rows = [Row(check, batch, f"{signature.output.name} (worst of {steps} steps)", tuple(got_y.shape), *worst)]
@@ -259,10 +262,10 @@ def _rollout(ort_step, module, ref64, signature, batch, steps, start_kind, gen, 
     # second pass over the same inputs: both runtimes against the float64 copy
     s32, s64, ort_states = list(states0), list(states0), [_np(s) for s in states0]
     err_ort, err_torch = [0.0], [0.0]
-    for x in xs:
-        y32, *s32 = module(x, *s32)
-        y64, *s64 = ref64(x, *s64)
-        got_y, ort_states = ort_step(_np(x), ort_states)
+    for x, reset in zip(xs, resets):
+        y32, *s32 = module(x, *reset, *s32)
+        y64, *s64 = ref64(x, *reset, *s64)
+        got_y, ort_states = ort_step(_np(x), ort_states, [_np(r) for r in reset])
         err_ort[0] = max(err_ort[0], max_abs_diff(got_y, _np(y64)))
         err_torch[0] = max(err_torch[0], max_abs_diff(_np(y32), _np(y64)))
     err_ort += [max_abs_diff(g, _np(t)) for g, t in zip(ort_states, s64)]

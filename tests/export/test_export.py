@@ -103,7 +103,8 @@ def assert_validated(result, *, rollout_steps=1000):
         assert r.shape == (r.batch, *shape), r
         assert r.ok and math.isfinite(r.max_abs) and math.isfinite(r.max_rel), r
     for start in ("zero", "random"):
-        rows = [r for r in report.rows if r.check == f"rollout {rollout_steps} from {start}"]
+        check = f"rollout {rollout_steps} from {start}" + (" with random resets" if sig.reset else "")
+        rows = [r for r in report.rows if r.check == check]
         assert len(rows) == 1 + len(sig.states), f"rollout from {start}: {len(rows)} rows"
         assert all(r.ok for r in rows), [r for r in rows if not r.ok]
         assert rows[0].batch != result.example_batch
@@ -261,6 +262,33 @@ def test_attention_and_mamba_blocks_export_and_match_over_300_steps(tmp_path):
                                             "block1.mamba.conv", "block1.mamba.ssm"]
     assert_validated(result, rollout_steps=300)
     assert result.report.trt.ok, result.report.trt.summary()
+
+
+def test_reset_input_restarts_rows_and_matches_pytorch_over_300_steps(tmp_path):
+    """``reset=True`` (issue 47): the step takes ``reset [batch]``; rows where it is true restart from the zero
+    state (sLSTM's m at -inf, conv windows, the attention cache and position). Validated over 300 steps
+    with random resets against PyTorch, and a reset row equals a step from the zero state."""
+    torch.manual_seed(0)
+    blocks = {**BASELINE_BLOCKS, **CELL_CASES["slstm"][1], **CELL_CASES["mlstm"][1]}
+    model = build_recipe(load_recipe({"name": "reset", "model": {
+        "type": "causal_lm", "vocab_size": 64, "dim": DIM, "stack": {"type": "xlstm", "pattern": "aysm",
+                                                                    "blocks": blocks}}}))
+    result = export_step(model, tmp_path, batch=BATCH, rollout_steps=300, threads=1, source="reset", reset=True)
+    sig = result.signature
+    assert sig.input_names[:2] == ["token", "reset"]
+    assert_validated(result, rollout_steps=300)
+    assert any("with random resets" in r.check for r in result.report.rows)
+    assert "reset:3" in result.trtexec_command()
+    ort_step = OrtStep(result.onnx_path, sig, threads=1)
+    gen = torch.Generator().manual_seed(3)
+    x = sig.example_input(3, gen).numpy()
+    random_state = [s.numpy() for s in sig.random_state(3, gen)]
+    restarted, _ = ort_step(x, random_state, [np.array([True, False, True])])
+    fresh, _ = ort_step(x, [s.numpy() for s in sig.zero_state(3)], [np.zeros(3, dtype=bool)])
+    kept, _ = ort_step(x, random_state, [np.zeros(3, dtype=bool)])
+    np.testing.assert_allclose(restarted[[0, 2]], fresh[[0, 2]], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(restarted[1], kept[1], rtol=1e-5, atol=1e-5)
+    assert json.loads(result.metadata_path.read_text())["reset"]["dtype"] == "bool"
 
 
 def test_exported_attention_step_past_its_cache_gives_nan(tmp_path):

@@ -51,6 +51,8 @@ def _arguments(c) -> None:
                    help="validation rollout length from the zero and a random state (default 1000; 0 skips)")
     c.add_argument("--prefill", type=int, default=None, metavar="T",
                    help="also export and validate a prefill model taking T tokens at once")
+    c.add_argument("--reset", action="store_true",
+                   help="add an input reset [batch] (bool): those rows restart from the zero state before the step")
     c.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads for onnxruntime and the PyTorch reference while validating")
 
@@ -84,7 +86,7 @@ def run(args) -> int:
               highlight=False)
     out.print("versions: " + ", ".join(f"{k} {v}" for k, v in found.items()), highlight=False, soft_wrap=True)
     result = export_step(model, args.out, batch=batch, opset=args.opset, dtype=args.dtype, rollout_steps=args.rollout,
-                         prefill=args.prefill, source=name, threads=args.threads)
+                         prefill=args.prefill, source=name, threads=args.threads, reset=args.reset)
     print_result(result, out)
     ok = result.ok
     if fmt == "tensorrt":
@@ -103,7 +105,8 @@ def print_result(result, out) -> None:
     out.print(f"opset {result.opset}, compute dtype {result.dtype}, states float32, batch min/opt/max "
               f"{'/'.join(map(str, result.batch))} (traced at {result.example_batch}); "
               f"{result.onnx_path.name}: {_size(result.file_size)}", highlight=False)
-    out.print(f"inputs: {sig.input.name} {_shape(sig.input)} + {len(sig.states)} states; "
+    out.print(f"inputs: {sig.input.name} {_shape(sig.input)}{' + reset [batch] bool' if sig.reset else ''} + "
+              f"{len(sig.states)} states; "
               f"outputs: {sig.output.name} {_shape(sig.output)} + {len(sig.states)} states (next.<state name>)",
               highlight=False, markup=False)
     trt = result.report.trt
