@@ -45,6 +45,7 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
+from xlstm_zoo import packed
 from xlstm_zoo.config import BuildContext, build
 from xlstm_zoo.errors import UnknownComponentError
 from xlstm_zoo.export import ExportError, export_step, missing_toolchain
@@ -199,8 +200,29 @@ def check_sequence_module(module: nn.Module, make_input: Callable[[], torch.Tens
     _require(any(p.grad.abs().sum() > 0 for p in params.values()), what, "all gradients are zero (or no parameters)")
     module.zero_grad()
 
+    if packed.supports_doc_starts(module):
+        _check_doc_starts(module, x, extra, what)
     if extreme is not None and x.is_floating_point():
         _check_extreme(module, x, extra, step_input, extreme, what)
+
+
+def _check_doc_starts(module, x, extra, what) -> None:
+    """A module that declares document boundaries (xlstm_zoo.packed): packed rows == each document alone,
+    outputs and final states (the first document of a row continues the given state)."""
+    B, T = x.shape[0], x.shape[1]
+    starts = torch.zeros(B, T, dtype=torch.bool)
+    starts[0, [1, T // 2]] = True
+    starts[-1, 0] = True
+    _, state = module(x, None, **extra)
+    y, final = module(x, state, doc_starts=starts, **extra)
+    for b in range(B):
+        row_state = packed.select_rows(state, slice(b, b + 1))
+        for start, end, fresh in packed.segments(starts[b]):
+            cut = {k: v[b:b + 1, start:end] for k, v in extra.items()}
+            y_doc, row_state = module(x[b:b + 1, start:end], None if fresh else row_state, **cut)
+            _close(y[b:b + 1, start:end], y_doc, f"{what}: doc_starts: row {b}, document {start}-{end} != alone")
+        assert_tree_close(packed.select_rows(final, slice(b, b + 1)), row_state,
+                          f"{what}: doc_starts: row {b}'s final state != its last document's")
 
 
 def _check_extreme(module, x, extra, step_input, scale, what) -> None:

@@ -191,3 +191,43 @@ def test_packable_on_a_plugin_style_forward():
     starts = torch.tensor([[False, False, True, False, False, True]])
     out, state = Running()(x, torch.full((1, 1), 10.0), doc_starts=starts)
     assert out.flatten().tolist() == [11, 12, 1, 2, 3, 1] and state.item() == 1
+
+
+class _RunningSum(torch.nn.Module):
+    """A minimal cell: state = x_1 + ... + x_t (+ the state given), y_t = scale * state."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(2))
+
+    def init_state(self, batch, device=None):
+        return (torch.zeros(batch, 2, device=device),)
+
+    def forward(self, x, state=None, *, doc_starts=None):
+        if doc_starts is not None and self.honest:
+            return packable(type(self).forward)(self, x, state, doc_starts=doc_starts)
+        total = x.cumsum(1) + (0 if state is None else state[0][:, None])
+        return total * self.scale, (total[:, -1],)
+
+    def step(self, x_t, state):
+        total = x_t + state[0]
+        return total * self.scale, (total,)
+
+
+def test_conformance_kit_checks_what_a_plugin_declares():
+    """A forward that says it handles doc_starts (``packable = True``) but ignores them is caught."""
+    from xlstm_zoo.testing import ConformanceError, check_sequence_module
+
+    class Ignores(_RunningSum):
+        honest = False
+    Ignores.forward.packable = True
+
+    class Honest(_RunningSum):
+        honest = True
+    Honest.forward.packable = True
+
+    def make():
+        return torch.randn(2, 8, 2)
+    check_sequence_module(Honest(), make, lambda x, t: x[:, t], extreme=None)
+    with pytest.raises(ConformanceError, match="doc_starts"):
+        check_sequence_module(Ignores(), make, lambda x, t: x[:, t], extreme=None)
