@@ -11,8 +11,10 @@ GPU_JOB=mlstm
 source "$(dirname "$0")/setup.sh"
 gpu_setup || exit 1
 PYTEST=("$PY" -m pytest -p no:cacheprovider -q -rfE)
+# Tests list each outcome as it comes (-v): a step cut by its time limit still names what failed.
+TESTS=("$PY" -m pytest -p no:cacheprovider -v -rfE --tb=short)
 BENCH=(env XLSTM_ZOO_BENCH_OUT="$RESULTS" "${PYTEST[@]}" -s --benchmark-enable tests/bench/test_bench_gpu.py)
-run_step tests "${MLSTM_TEST_LIMIT:-240}" "${PYTEST[@]}" --junitxml="$RESULTS/tests.junit.xml" -m "not slow" \
+run_step tests "${MLSTM_TEST_LIMIT:-240}" "${TESTS[@]}" --junitxml="$RESULTS/tests.junit.xml" -m "not slow" \
     tests/backends/test_triton_mlstm_chunkwise.py tests/backends/test_triton_mlstm_step.py \
     tests/backends/test_kernel_parity.py -k "${MLSTM_TEST_FILTER:-mlstm and triton}"
 # Ours first; each mlstm_kernels baseline in a process of its own, appending to the same report: on an
