@@ -48,6 +48,7 @@ from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.training.distributed import check_split, run_torchrun
+from xlstm_zoo.training import signals
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import CHECKPOINT, train
 
@@ -347,7 +348,18 @@ def _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record, 
         except BaseException:
             for future in futures:
                 future.cancel()
+            _stop_workers(pool)
             raise
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGTERM each worker, so that it checkpoints its cell and takes no other: the driver may have been
+    stopped alone (``kill PID``, a worker's own interrupt); a worker that got the signal already ignores it."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+        except (ProcessLookupError, TypeError):
+            pass  # exited already, or never started
 
 
 def portable(cell: Cell) -> Cell:
@@ -358,9 +370,9 @@ def portable(cell: Cell) -> Cell:
 
 def _worker_init(threads: int, worker_setup: Callable[[], None] | None) -> None:
     torch.set_num_threads(threads)
-    # Ctrl-C stops a worker's cell (checkpoint, claim released) even where the grid was started with SIGINT
-    # ignored (a shell's background job); and so does its driver's death.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ctrl-C and SIGTERM stop a worker's cell (checkpoint, claim released) even where the grid was started with
+    # SIGINT ignored (a shell's background job); and so does its driver's death.
+    signals.install()
     _stop_when_orphaned(os.getppid())
     if worker_setup is not None:
         worker_setup()
@@ -392,6 +404,8 @@ def worker_run_cell(cell: Cell, out_dir: str, retry_failed: bool = False, since:
                      executor: str = "local") -> dict:
     """Run a :func:`portable` cell in a worker process: rebuild its recipe from this process's
     registry and check that it means the same as in the driver."""
+    if signals.stopping():  # interrupted already: a cell queued before the stop is not started
+        raise signals.Terminated
     _cell_running.set()
     try:
         return _worker_run_cell(cell, Path(out_dir), retry_failed, since, executor)

@@ -36,6 +36,11 @@ class MetricsLog:
         text = "".join(json_text(r, indent=None) + "\n" for r in kept)
         atomic_write(self.path, lambda f: f.write(text.encode()))
 
+    def restart(self) -> None:
+        """Start the file afresh: a run with no checkpoint trains from step 0 again."""
+        if self.path is not None and self.path.exists():
+            atomic_write(self.path, lambda f: None)
+
     def write(self, record: dict) -> None:
         if self.path is None:
             return

@@ -14,8 +14,6 @@ one process and one micro-batch the loop is the plain one: mean loss of the whol
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import KEEP, parameter_roles
 from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
+from xlstm_zoo.training import signals
 from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
@@ -168,7 +167,7 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
         try:
             for step in range(run.start, cfg.steps):
                 loss, batch = run.loss_and_gradients(step)
-                with _interrupt_after_block():  # weights change: a Ctrl-C waits until this step is recorded
+                with signals.held():  # weights change: a Ctrl-C or SIGTERM waits until this step is recorded
                     run.safe = None  # until the step is recorded; an exception in between (a second Ctrl-C) saves nothing
                     run.optimizer.step()
                     run.record(step + 1, loss.item(), batch.tokens.numel())
@@ -176,7 +175,7 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                 if run.stopped:  # train.early_stop reached at this step's evaluation
                     run.write({"step": step + 1, "event": "early_stop"})
                     break
-        except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a cancelled Ray task: keep the progress made since the last checkpoint
             run.save_interrupted()
             raise
         return run.finish()
@@ -231,6 +230,8 @@ class _Run:
         found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
         if found is not None:
             run.start, run.stopped = _resume(found, recipe, model, optimizer, log, ctx.world)
+        else:  # lines of a run killed before its first checkpoint: trained again from step 0, logged once
+            log.restart()
         run.stopper = EarlyStopper(cfg.early_stop)
         run.safe = run.saved = run.start
         ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
@@ -346,30 +347,6 @@ def _build_loggers(cfg, run_dir: Path | None) -> list:
         raise ConfigError("train.report_to needs a run directory for the loggers' files and run ids: "
                           "give --out (or drop --report-to)", path="train.report_to")
     return build_loggers(cfg.report_to)
-
-
-@contextlib.contextmanager
-def _interrupt_after_block():
-    """Hold a Ctrl-C (SIGINT, also how Ray cancels a task) until the block ends, then raise it, so an
-    interrupt never lands between an optimiser step and its metrics and checkpoint bookkeeping. A
-    second Ctrl-C inside the block raises at once. Only the main thread can set signal handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending = []
-
-    def hold(signum, frame):
-        if pending:
-            raise KeyboardInterrupt
-        pending.append(signum)
-
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt
 
 
 def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, device: str) -> torch.Tensor:
