@@ -23,7 +23,7 @@ import torch
 
 from xlstm_zoo.checkpoint import STATE, find_checkpoint, load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
-from xlstm_zoo.errors import ConfigError, ZooError
+from xlstm_zoo.errors import ConfigError, WriteError, ZooError
 from xlstm_zoo.initialization import KEEP, parameter_roles
 from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
@@ -316,8 +316,12 @@ class _Run:
 
     def checkpoint(self, step: int, **state) -> None:
         if self.run_dir is not None and self.ctx.is_main:
-            save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
-                            optimizer=self.optimizer.state_dict(), step=step, **state)
+            try:
+                save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
+                                optimizer=self.optimizer.state_dict(), step=step, **state)
+            except OSError as err:  # a full disk: the save wrote into a temporary directory, now removed
+                kept = f"the checkpoint of step {self.saved} is kept" if self.saved else "no checkpoint was written yet"
+                raise WriteError.of(self.run_dir / CHECKPOINT, err, kept) from None
             self.saved = step
 
     def save_interrupted(self) -> None:

@@ -118,3 +118,52 @@ def test_sigterm_during_the_optimiser_step_waits_for_the_step(tmp_path, monkeypa
     assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 14
     events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event")]
     assert events == [{"step": 14, "event": "interrupted"}]
+
+
+def test_a_full_disk_names_the_path_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    from xlstm_zoo.errors import WriteError
+
+    recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
+    save = safetensors.torch.save_model
+    calls = {"n": 0}
+
+    def full(model, filename, metadata=None):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the step-20 checkpoint
+            open(filename, "wb").write(b"\0" * 10)  # part of it fitted
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(model, filename, metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_model", full)
+    with pytest.raises(WriteError) as caught:
+        trainer.train(recipe, tmp_path / "run")
+    message = str(caught.value)
+    assert "\n" not in message and str(tmp_path / "run" / "checkpoint") in message
+    assert "No space left on device" in message and "checkpoint of step 10 is kept" in message
+    assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 10
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint", "metrics.jsonl"], "no temporary left"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+def test_a_full_disk_while_logging_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    from xlstm_zoo.errors import WriteError
+
+    recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    plain = trainer._step_generator
+
+    def disk_fills(seed, step):
+        if step == 12:  # from here every byte written to metrics.jsonl fails
+            metrics.unlink()
+            metrics.symlink_to("/dev/full")
+        return plain(seed, step)
+
+    monkeypatch.setattr(trainer, "_step_generator", disk_fills)
+    with pytest.raises(WriteError) as caught:
+        trainer.train(recipe, tmp_path / "run")
+    assert "\n" not in str(caught.value) and str(metrics) in str(caught.value)
+    assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 10
