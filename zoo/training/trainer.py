@@ -31,6 +31,7 @@ from xlstm_zoo.training import signals
 from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
+from xlstm_zoo.training.resume import between_steps, restore_between_steps
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
 from xlstm_zoo.recipe.sizes import check_training_fits
@@ -228,11 +229,11 @@ class _Run:
             forward.register_comm_hook(None, sum_hook)
         run = cls(recipe, cfg, ctx, rows, device, run_dir, task, model, forward, optimizer, log, loggers)
         found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
+        run.stopper = EarlyStopper(cfg.early_stop)
         if found is not None:
-            run.start, run.stopped = _resume(found, recipe, model, optimizer, log, ctx.world)
+            run.start, run.stopped = _resume(found, recipe, model, optimizer, run.stopper, device, log, ctx.world)
         else:  # lines of a run killed before its first checkpoint: trained again from step 0, logged once
             log.restart()
-        run.stopper = EarlyStopper(cfg.early_stop)
         run.safe = run.saved = run.start
         ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
         # listed once: model.parameters() walks every submodule each time
@@ -318,7 +319,8 @@ class _Run:
         if self.run_dir is not None and self.ctx.is_main:
             try:
                 save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
-                                optimizer=self.optimizer.state_dict(), step=step, **state)
+                                optimizer=self.optimizer.state_dict(), step=step,
+                                **between_steps(self.stopper, self.device), **state)
             except OSError as err:  # a full disk: the save wrote into a temporary directory, now removed
                 kept = f"the checkpoint of step {self.saved} is kept" if self.saved else "no checkpoint was written yet"
                 raise WriteError.of(self.run_dir / CHECKPOINT, err, kept) from None
@@ -374,15 +376,17 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
     return all_reduce_sum(total, ctx) / scored
 
 
-def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> tuple[int, bool]:
-    """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; returns its step and whether the run had
-    stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
+def _resume(path: Path, recipe, model, optimizer, stopper: EarlyStopper, device: str, log: MetricsLog,
+            world: int = 1) -> tuple[int, bool]:
+    """Load the checkpoint at ``path`` into ``model``, ``optimizer``, ``stopper`` (its streak) and the random
+    generators; returns its step and whether the run had stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
     early-stopped run, left as it is)."""
     saved_recipe, saved_model, extra = load_checkpoint(path)
     if _meaning(saved_recipe) != _meaning(recipe):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     step = _checked_step(path, extra, recipe.train.steps)
+    restore_between_steps(extra, stopper, device, path / STATE if path.is_dir() else path)
     model.load_state_dict(saved_model.state_dict())
     optimizer.load_state_dict(extra["optimizer"])
     stopped = extra.get("stopped_early") is True
