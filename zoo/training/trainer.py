@@ -14,6 +14,7 @@ one process and one micro-batch the loop is the plain one: mean loss of the whol
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,22 @@ METRICS = "metrics.jsonl"
 
 class TrainingDiverged(ZooError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class NonFiniteEvaluation(ZooError):
+    """A final evaluation gave NaN or inf though training stayed finite: no result to record."""
+
+
+def check_finite(final: dict[str, dict[str, float]], step: int) -> None:
+    """Refuse final metrics with a NaN or inf (e.g. logits that overflow on the longer test inputs): scored as
+    they are, such logits would pass for a trained model with accuracy 0."""
+    bad = [(split, name, value) for split, metrics in final.items() for name, value in metrics.items()
+           if name != "headline" and isinstance(value, float) and not math.isfinite(value)]
+    if bad:
+        listed = ", ".join(f"{name} {value} on {split}" for split, name, value in bad)
+        raise NonFiniteEvaluation(f"the evaluation after step {step} is not finite ({listed}) although training "
+                                  "was: the model's outputs are not finite there (try bf16 -> fp32, a lower train.lr, "
+                                  "or shorter evaluation inputs); the checkpoint is kept")
 
 
 def build_task(recipe) -> Task:
@@ -344,6 +361,7 @@ class _Run:
         self.checkpoint(done, **({"stopped_early": True} if self.stopped else {}))
         if self.bar is not None:
             self.progress.remove_task(self.bar)
+        check_finite(final, done)
         return _result(done, self.stopped, self.last_loss, final, self.model, self.ctx)
 
 
@@ -418,6 +436,7 @@ def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: Di
     (None if gone)."""
     final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
              for split in cfg.eval_splits}
+    check_finite(final, step)
     losses = [r["loss"] for r in read_metrics(run_dir / METRICS)
               if r.get("split") == "train" and r.get("step", 0) <= step and "loss" in r]
     return _result(step, stopped, losses[-1] if losses else None, final, model, ctx)
