@@ -122,6 +122,30 @@ def read_manifest(run_dir: Path) -> dict:
     return manifest
 
 
+def check_owner(manifest: dict, recipe, out_dir: Path) -> None:
+    """One run directory, one grid: refuse a grid that is neither the manifest's name nor from its recipe file
+    (a renamed grid, or the same file edited, is the same grid: its finished cells are reused by digest)."""
+    name, source = manifest.get("name"), manifest.get("source")
+    if name == recipe.name or (source is not None and _same_file(source, recipe._source)):
+        return
+    def grid(n, s):
+        return f"grid {n!r}" + (f" (from {s})" if s else "")
+    raise ConfigError(f"{out_dir} holds {grid(name, source)}; this is {grid(recipe.name, recipe._source)}: a run "
+                      "directory holds one grid, so its grid.json and report are not replaced. Give this grid another "
+                      f"--out, or delete {out_dir / 'grid.json'} to hand the directory over (cells of the same "
+                      "meaning are reused)")
+
+
+def _same_file(a: str, b: str | None) -> bool:
+    if b is None:
+        return False
+    a, b = (text.split(" with ", 1)[0] for text in (a, b))  # the file, without " with --profile ... --set ..."
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def grid_manifest(recipe, cells: list[Cell]) -> dict:
     return {
         "name": recipe.name,
@@ -156,8 +180,8 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"the run directory {out_dir} exists and is a file (give a new or existing directory)")
-    if (out_dir / "grid.json").exists():
-        read_manifest(out_dir)  # never overwrite a file that is not ours
+    if (out_dir / "grid.json").exists():  # never overwrite a file that is not ours, or another grid's manifest
+        check_owner(read_manifest(out_dir), recipe, out_dir)
     cells = expand(recipe)
     since = time.time()
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))

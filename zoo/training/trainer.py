@@ -35,6 +35,7 @@ from xlstm_zoo.training.metrics import MetricsLog, read_metrics
 from xlstm_zoo.training.resume import between_steps, restore_between_steps
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
+from xlstm_zoo.recipe.meaning import meaning
 from xlstm_zoo.recipe.sizes import check_training_fits
 
 CHECKPOINT = "checkpoint"  # a directory: see xlstm_zoo.checkpoint
@@ -400,7 +401,7 @@ def _resume(path: Path, recipe, model, optimizer, stopper: EarlyStopper, device:
     generators; returns its step and whether the run had stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
     early-stopped run, left as it is)."""
     saved_recipe, saved_model, extra = load_checkpoint(path)
-    if _meaning(saved_recipe) != _meaning(recipe):
+    if meaning(saved_recipe) != meaning(recipe):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     step = _checked_step(path, extra, recipe.train.steps)
@@ -447,11 +448,3 @@ def _result(step: int, stopped: bool, last_loss, metrics: dict, model, ctx: Dist
     final metrics per split."""
     return {"steps": step, **({"stopped_early": True} if stopped else {}), "final_train_loss": last_loss,
             "metrics": metrics, "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
-
-
-def _meaning(recipe) -> dict:
-    """What a checkpoint's recipe must share with the run resuming it: all but how it is launched and
-    where its metrics are sent."""
-    data = recipe.model_dump(exclude={"launch"})
-    data["train"].pop("report_to", None)
-    return data
