@@ -106,6 +106,25 @@ def _fsync_dir(path) -> None:
         _fsync(path)
 
 
+def make_run_dir(path: str | Path) -> Path:
+    """Create the run directory ``path`` (train's or grid's ``--out``) if needed; one line if it cannot be one:
+    a file, a symbolic link to nothing, a place this user cannot write."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(f"the run directory {path} is a symbolic link to {os.readlink(path)}, which does not exist "
+                          "(give an existing or new directory, or create the link's target)")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"the run directory {path} exists and is a file (give a new or existing directory)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.TemporaryFile(dir=path)  # a read-only directory (or mount) refuses this
+        probe.close()
+    except OSError as err:
+        raise ConfigError(f"cannot write the run directory {path} ({err.strerror or err}); give a directory "
+                          "you can write to") from None
+    return path
+
+
 # ----------------------------------------------------------------------------- model directories
 
 def write_model_dir(directory: str | Path, recipe, model: torch.nn.Module) -> None:

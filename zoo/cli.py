@@ -49,7 +49,8 @@ def _main(argv: list[str] | None) -> int:
     except ZooError as err:
         if options.debug:
             raise
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True,
+                                   emoji=False)  # "cuda:banana" stays text
         return 2
     except KeyboardInterrupt as stop:
         if options.debug:

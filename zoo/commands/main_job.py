@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from xlstm_zoo.checkpoint import find_checkpoint, json_text, saved_step
+from xlstm_zoo.checkpoint import find_checkpoint, json_text, make_run_dir, saved_step
 from xlstm_zoo.commands.output import show, table
 from xlstm_zoo.commands.recipes import RECIPE_HELP
 from xlstm_zoo.errors import ConfigError
@@ -100,18 +100,11 @@ def _own_run_dir(out: str | None):
     """Hold ``out``'s claim while training there, as a grid holds a cell's: a second ``train`` (or a grid whose
     cell this is) on the same directory is refused instead of deleting the first's files. Ranks under torchrun
     take none: the process that started them (``--nproc``, a grid cell) holds it."""
-    path = Path(out) if out else None
-    if path is None or "RANK" in os.environ or (path.exists() and not path.is_dir()):
-        yield  # no directory, a rank, or a file: the trainer says what is wrong with it
+    if not out or "RANK" in os.environ:
+        yield
         return
-    if path.is_symlink() and not path.exists():
-        raise ConfigError(f"--out {out} is a symbolic link to {os.readlink(path)}, which does not exist (give an "
-                          "existing or new directory, or create the link's target)")
     try:
-        claim = acquire(path, executor="train")
-    except OSError as err:  # a read-only parent, no permission
-        raise ConfigError(f"--out {out}: cannot write a run directory there ({err.strerror or err}); give a "
-                          "directory you can write to") from None
+        claim = acquire(make_run_dir(out), executor="train")
     except CellBusy as busy:
         raise ConfigError(f"{out} is in use by another run ({busy}): one run directory holds one run at a time; "
                           "wait for it to finish, or give another --out") from None

@@ -42,7 +42,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, json_text, saved_step
+from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, json_text, make_run_dir, saved_step
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
@@ -178,11 +178,10 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
     """
     executor = executor or LocalExecutor(jobs)
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"the run directory {out_dir} exists and is a file (give a new or existing directory)")
     if (out_dir / "grid.json").exists():  # never overwrite a file that is not ours, or another grid's manifest
         check_owner(read_manifest(out_dir), recipe, out_dir)
     cells = expand(recipe)
+    make_run_dir(out_dir)
     since = time.time()
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))
     counts = {"ran": 0, "skipped": 0, "failed": 0, "busy": 0}

@@ -92,7 +92,18 @@ def check_step_fits(recipe, task: Task, rows: int, device: str) -> None:
 
 
 def _step_generator(seed: int, step: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+    # modulo 2**64: any 64-bit seed works, and small ones give the same batches as always
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) % 2**64)
+
+
+def check_device(device: str, file: str | None = None) -> None:
+    """One line if ``device`` (valid in the recipe) is not on this machine, before anything is built."""
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"device {device!r} is not available on this machine ({reason}); use cpu or a device "
+                          "it has", path="train.device", file=file) from None
 
 
 def freeze(model, roles) -> None:
@@ -167,6 +178,7 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
     ctx = DistContext.from_env()
     rows = check_split(cfg.batch_size, ctx.world, cfg.micro_batches, recipe._source)
     device = ctx.device(cfg.device)
+    check_device(device, recipe._source)
     ctx.init(device)
     try:
         result = _train(recipe, cfg, ctx, rows, device, Path(run_dir) if run_dir is not None else None,
