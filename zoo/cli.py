@@ -19,6 +19,7 @@ from rich.markup import escape
 from xlstm_zoo.allocator import keep_freed_memory
 from xlstm_zoo.commands.output import console
 from xlstm_zoo.errors import ZooError
+from xlstm_zoo.loggers.base import LoggerWarning
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.plugins.status import PluginWarning
 from xlstm_zoo.registry import registry
@@ -88,13 +89,13 @@ def apply_options(args) -> None:
 
 
 def _one_line_warnings() -> None:
-    """Plugin warnings print as ``warning: ...`` on stderr, like errors; others as Python does."""
+    """Plugin and logger warnings print as ``warning: ...`` on stderr, like errors; others as Python does."""
     previous = warnings.showwarning
     if getattr(previous, "_zoo_plugins", False):
         return
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if isinstance(category, type) and issubclass(category, PluginWarning):
+        if isinstance(category, type) and issubclass(category, (PluginWarning, LoggerWarning)):
             text = str(message).removeprefix("xlstm-zoo: ")
             Console(stderr=True).print(f"[bold yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
         else:
