@@ -86,11 +86,27 @@ def atomic_file(path: str | Path, write_to) -> None:
     os.close(fd)
     try:
         write_to(Path(tmp))
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp made it private (a writer may replace it); run dirs are shared
         _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def umask() -> int:
+    """This process's umask: what files it creates should leave out (read without changing it where Linux
+    shows it; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync(path) -> None:
