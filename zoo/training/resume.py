@@ -10,18 +10,39 @@ from pathlib import Path
 import torch
 
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.recipe.meaning import implementations
 from xlstm_zoo.training.early_stop import EarlyStopper
 
 STREAK = "early_stop_streak"
 RNG = "rng"
+IMPLEMENTATIONS = "implementations"  # overridden components the run used (xlstm_zoo.recipe.meaning)
 
 
-def between_steps(stopper: EarlyStopper, device: str) -> dict:
+def between_steps(stopper: EarlyStopper, device: str, recipe) -> dict:
     """The state.json values for a checkpoint written now."""
     rng = {"cpu": _encode(torch.get_rng_state())}
     if torch.device(device).type == "cuda":
         rng["cuda"] = _encode(torch.cuda.get_rng_state(torch.device(device)))
-    return {STREAK: stopper.streak, RNG: rng}
+    replaced = implementations(recipe)
+    return {STREAK: stopper.streak, RNG: rng, **({IMPLEMENTATIONS: replaced} if replaced else {})}
+
+
+def check_implementations(state: dict, recipe, where: Path) -> None:
+    """A checkpoint is resumed only by the implementations that trained it: a plugin that overrides a
+    component (or its removal) changes what the same recipe computes."""
+    saved, now = state.get(IMPLEMENTATIONS, {}), implementations(recipe)
+    if saved != now:
+        raise ConfigError(f"this checkpoint was trained with {_listed(saved)}, but this run would use {_listed(now)}: "
+                          "the same recipe computes something else; move the checkpoint away to start afresh, "
+                          "or load the plugin that trained it", file=str(where))
+
+
+def _listed(replaced) -> str:
+    if not replaced:
+        return "xlstm-zoo's own components"
+    if not isinstance(replaced, dict):
+        return repr(replaced)
+    return ", ".join(f"{key.replace(':', ' ', 1)} from {origin}" for key, origin in replaced.items())
 
 
 def restore_between_steps(state: dict, stopper: EarlyStopper, device: str, where: Path) -> None:

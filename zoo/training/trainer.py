@@ -32,7 +32,7 @@ from xlstm_zoo.training import signals
 from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
-from xlstm_zoo.training.resume import between_steps, restore_between_steps
+from xlstm_zoo.training.resume import between_steps, check_implementations, restore_between_steps
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
 from xlstm_zoo.recipe.meaning import meaning
@@ -377,7 +377,7 @@ class _Run:
             try:
                 save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
                                 optimizer=self.optimizer.state_dict(), step=step,
-                                **between_steps(self.stopper, self.device), **state)
+                                **between_steps(self.stopper, self.device, self.recipe), **state)
             except OSError as err:  # a full disk: the save wrote into a temporary directory, now removed
                 kept = f"the checkpoint of step {self.saved} is kept" if self.saved else "no checkpoint was written yet"
                 raise WriteError.of(self.run_dir / CHECKPOINT, err, kept) from None
@@ -444,6 +444,7 @@ def _resume(path: Path, recipe, model, optimizer, stopper: EarlyStopper, device:
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     step = _checked_step(path, extra, recipe.train.steps)
+    check_implementations(extra, recipe, path)
     restore_between_steps(extra, stopper, device, path / STATE if path.is_dir() else path)
     model.load_state_dict(saved_model.state_dict())
     optimizer.load_state_dict(extra["optimizer"])
