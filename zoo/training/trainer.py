@@ -32,11 +32,11 @@ from xlstm_zoo.training import signals
 from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
+from xlstm_zoo.training.preflight import check_device, probe_failed_plugins
 from xlstm_zoo.training.resume import between_steps, check_implementations, restore_between_steps
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
 from xlstm_zoo.recipe.meaning import meaning
-from xlstm_zoo.registry import registry
 from xlstm_zoo.recipe.sizes import check_training_fits
 
 CHECKPOINT = "checkpoint"  # a directory: see xlstm_zoo.checkpoint
@@ -95,41 +95,6 @@ def check_step_fits(recipe, task: Task, rows: int, device: str) -> None:
 def _step_generator(seed: int, step: int) -> torch.Generator:
     # modulo 2**64: any 64-bit seed works, and small ones give the same batches as always
     return torch.Generator().manual_seed((seed * 1_000_003 + step) % 2**64)
-
-
-def check_device(device: str, file: str | None = None) -> None:
-    """One line if ``device`` (valid in the recipe) is not on this machine, before anything is built."""
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError, ValueError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"device {device!r} is not available on this machine ({reason}); use cpu or a device "
-                          "it has", path="train.device", file=file) from None
-
-
-def failed_plugin_checks() -> list[str]:
-    """The conformance checks of plugin components built so far that failed, e.g. ``plugin my_cells: cell
-    'narrow' failed conformance (...): ...`` (filled in by the plugin guard at a component's first build)."""
-    return [f"plugin {info.label}: {key.replace(':', ' ', 1)} {result}" for info in registry.plugins
-            for key, result in getattr(info, "checks", {}).items() if result.startswith("failed")]
-
-
-def _probe_failed_plugins(model, task: Task, cfg) -> None:
-    """Where a plugin component in the model failed its conformance check, run one row forward before
-    training: if it breaks the model, one line naming the plugin and what its check found, not a
-    traceback from the first step."""
-    failed = failed_plugin_checks()
-    if not failed:
-        return
-    batch = task.batch("train", 1, _step_generator(cfg.seed, 0)).to(next(model.parameters()).device)
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(batch.tokens)
-    except ZooError:
-        raise
-    except Exception as err:
-        reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
-        raise ConfigError(f"the model fails before training starts ({reason}); {failed[0]}") from err
 
 
 def freeze(model, roles) -> None:
@@ -275,7 +240,7 @@ class _Run:
         task = build_task(recipe)
         check_step_fits(recipe, task, rows, device)
         model = build_model_for(recipe, task).to(device)
-        _probe_failed_plugins(model, task, cfg)
+        probe_failed_plugins(model, lambda: task.batch("train", 1, _step_generator(cfg.seed, 0)))
         freeze(model, cfg.frozen)
         optimizer = adamw(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), cfg.lr, cfg.betas)
         log = MetricsLog(run_dir / METRICS if run_dir and ctx.is_main else None)
