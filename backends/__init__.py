@@ -16,7 +16,7 @@ from xlstm_zoo.backends.block_step import BlockStepSizes, BlockStepWeights, mlst
 from xlstm_zoo.backends.cpp.linear import compiled_linear_step
 from xlstm_zoo.backends.dispatch import Backend, explain, select
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
-from xlstm_zoo.backends.kernel import readable, tracing
+from xlstm_zoo.backends.kernel import exporting, readable, tracing
 from xlstm_zoo.backends.reference import KERNELS as _REFERENCE
 from xlstm_zoo.backends.reference.rwkv import WKV_FORMS
 from xlstm_zoo.backends.reference.selective_scan import SCAN_FORMS
@@ -62,6 +62,8 @@ def slstm_sequence(wx, R, state: SLSTMState | None = None, *, gates: GateSchemes
     """sLSTM over a sequence. ``wx [B,H,T,4*Dh]`` = W x + b with gate blocks ordered (i, f, z, o);
     ``R [H,Dh,4*Dh]`` block-diagonal recurrent weights (head h maps ``h_{t-1}[:,h]`` to its 4 gate
     blocks). Returns ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
+    if backend is None and exporting():  # a compiled loop reads memory that the exporter's fakes lack
+        return REFERENCE_KERNELS["slstm_sequence"](wx, R, state, gates=gates)
     impl = select("slstm_sequence", wx.device, wx.dtype, force=backend, head_dim=wx.shape[-1] // 4)
     return impl.ops["slstm_sequence"](wx, R, state, gates=gates)
 
@@ -69,6 +71,8 @@ def slstm_sequence(wx, R, state: SLSTMState | None = None, *, gates: GateSchemes
 def slstm_step(wx_t, R, state: SLSTMState | None, *, gates: GateSchemes = GateSchemes(),
                backend: str | None = None) -> tuple[torch.Tensor, SLSTMState]:
     """One sLSTM token: ``wx_t [B,H,4*Dh]`` -> ``h_t [B,H,Dh]``, state."""
+    if backend is None and exporting():
+        return REFERENCE_KERNELS["slstm_step"](wx_t, R, state, gates=gates)
     impl = select("slstm_step", wx_t.device, wx_t.dtype, force=backend)
     return impl.ops["slstm_step"](wx_t, R, state, gates=gates)
 

@@ -74,6 +74,12 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
 
 
+def exporting() -> bool:
+    """torch.export (the ONNX exporter) or torch.jit is tracing; unlike torch.compile, nothing can run a
+    compiled kernel as an opaque call there, so ops take the reference form."""
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 def readable(x: torch.Tensor, *others: torch.Tensor | None, tracing_checked: bool = False) -> bool:
     """Whether a compiled kernel can read these tensors' memory as ``x``'s dtype on ``x``'s device (None entries
     skipped): plain tensors or parameters (not another subclass or a fake), none empty, all of ``x``'s dtype and

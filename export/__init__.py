@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
+import shutil
 import tempfile
+import uuid
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -23,6 +26,7 @@ import torch
 from torch import nn
 
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.recipe.sizes import SKIP as SKIP_MEMORY_CHECK, available_memory
 from xlstm_zoo.export import onnx as onnx_export
 from xlstm_zoo.export import validate as checks
 from xlstm_zoo.export.step_model import (NEXT, REACH_STEPS, SAMPLE_HINT, ExportError, ExportWarning, PrefillModule,
@@ -39,6 +43,9 @@ __all__ = ["DTYPES", "ExportError", "ExportResult", "ExportWarning", "NEXT", "St
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 DEFAULT_BATCH = (1, 8, 64)
 _NEEDED = ("onnx", "onnxscript", "onnxruntime")
+# Copies of each row's states and output that validation holds at once: PyTorch's and onnxruntime's, inputs
+# and outputs, the rollout's previous step, temporaries (a generous bound: a refusal must be right).
+VALIDATION_COPIES = 8
 
 
 @dataclass
@@ -144,14 +151,65 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
         raise ConfigError(f"prefill must be a number of tokens >= 1, got {prefill}")
     if rollout_steps < 0:
         raise ConfigError(f"rollout_steps must be >= 0, got {rollout_steps}")
-    out = writable_dir(out_dir)
     _check_toolchain()
-    import onnx  # optional dependency (the onnx extra), present: checked just above
-
     torch_dtype = DTYPES[dtype]
     work = prepare_model(model, torch_dtype)
     signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__)
     signature.reset = reset
+    if validate:
+        check_batch_fits(signature, batch, prefill)  # before anything is written
+    final = writable_dir(out_dir)
+    staging = _staging_dir(final, name)
+    try:
+        result = _export_into(staging, work, signature, batch=batch, opset=opset, dtype=dtype, validate=validate,
+                              rollout_steps=rollout_steps, prefill=prefill, name=name, threads=threads, seed=seed)
+    except BaseException:  # nothing unvalidated is left: the files of a failed export go with their folder
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return _publish(result, staging, final)
+
+
+def check_batch_fits(signature: StepSignature, batch: tuple[int, int, int], prefill: int | None) -> None:
+    """One line if validating at the largest batch cannot fit in free memory: each row's states and output,
+    held by PyTorch and onnxruntime, in and out, with room for temporaries (:data:`VALIDATION_COPIES`)."""
+    free = available_memory("cpu")
+    if free is None or os.environ.get(SKIP_MEMORY_CHECK):
+        return
+    row = sum(math.prod(s.shape) * s.dtype.itemsize for s in (*signature.states, signature.output))
+    row += (prefill or 0) * math.prod(signature.output.shape) * signature.output.dtype.itemsize
+    need = VALIDATION_COPIES * row * batch[2]
+    if need > free:
+        fits = max(1, free // (VALIDATION_COPIES * row))
+        raise ConfigError(f"batch max {batch[2]:,} cannot be validated here: about {need / 2**30:,.1f} GiB for the "
+                          f"states and outputs ({row:,} bytes a row), {free / 2**30:,.1f} GiB free; give a smaller "
+                          f"MAX (at most about {fits:,} here: validation runs the range's MIN, OPT and MAX), or set "
+                          f"{SKIP_MEMORY_CHECK}=1 to try anyway")
+
+
+def _staging_dir(final: Path, name: str) -> Path:
+    """An empty folder beside the outputs to write them in; one left by a killed export is removed."""
+    for stale in final.glob(f".{name}.*.export"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = final / f".{name}.{uuid.uuid4().hex[:12]}.export"
+    staging.mkdir()
+    return staging
+
+
+def _publish(result: "ExportResult", staging: Path, final: Path) -> "ExportResult":
+    """Move the finished files (validated, passed or failed as the report says) into ``final``."""
+    for path in staging.iterdir():
+        os.replace(path, final / path.name)
+    staging.rmdir()
+    moved = {"onnx_path": final / result.onnx_path.name, "metadata_path": final / result.metadata_path.name}
+    if result.prefill_path is not None:
+        moved["prefill_path"] = final / result.prefill_path.name
+    return replace(result, **moved)
+
+
+def _export_into(out: Path, work, signature: StepSignature, *, batch, opset, dtype, validate, rollout_steps,
+                 prefill, name, threads, seed) -> "ExportResult":
+    import onnx  # optional dependency (the onnx extra), present: checked by the caller
+
     module = StepModule(work, signature).eval()
     missing = signature.undeclared() if validate else []
     if missing:  # validation starts from a random state; export_sample is optional (plugin API 2)

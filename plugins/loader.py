@@ -18,6 +18,7 @@ import importlib
 import importlib.metadata as metadata
 import os
 import re
+from pathlib import Path
 from dataclasses import replace
 from typing import Callable
 
@@ -27,6 +28,7 @@ from xlstm_zoo.errors import RegistryError
 from xlstm_zoo.plugins import status
 from xlstm_zoo.plugins.contract import declared_version
 from xlstm_zoo.plugins.guard import guard
+from xlstm_zoo.plugins.local import import_target
 from xlstm_zoo.plugins.hookspecs import PROJECT, ZooHookSpecs
 from xlstm_zoo.plugins.status import CORE, PluginInfo, describe, report, strict, warn
 from xlstm_zoo.registry import Command
@@ -104,7 +106,9 @@ def _module_plugins(modules: list[str], origin: str) -> list[tuple[PluginInfo, C
         owners = {}
     found = []
     for target in modules:
-        top = target.split(":")[0].split(".")[0]
+        name = target.split(":")[0]
+        name = Path(name).stem if name.endswith(".py") else name  # a file: named as the module it becomes
+        top = name.split(".")[0]
         dist_name = (owners.get(top) or [None])[0]
         version = None
         if dist_name:
@@ -112,17 +116,11 @@ def _module_plugins(modules: list[str], origin: str) -> list[tuple[PluginInfo, C
                 version = metadata.version(dist_name)
             except metadata.PackageNotFoundError:
                 dist_name = None
-        found.append((PluginInfo(target.split(":")[0], dist_name, version, origin, target),
-                      lambda target=target: _import(target)))
+        found.append((PluginInfo(name, dist_name, version, origin, target),
+                      lambda target=target: import_target(target)))
     return found
 
 
-def _import(target: str):
-    module_name, _, attr = target.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in filter(None, attr.split(".")):
-        obj = getattr(obj, part)
-    return obj
 
 
 def disabled_plugins() -> bool | set[str]:

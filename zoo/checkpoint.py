@@ -86,11 +86,27 @@ def atomic_file(path: str | Path, write_to) -> None:
     os.close(fd)
     try:
         write_to(Path(tmp))
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp made it private (a writer may replace it); run dirs are shared
         _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def umask() -> int:
+    """This process's umask: what files it creates should leave out (read without changing it where Linux
+    shows it; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync(path) -> None:
@@ -104,6 +120,25 @@ def _fsync(path) -> None:
 def _fsync_dir(path) -> None:
     if os.name == "posix":  # a rename is durable once its directory is synced (not possible on Windows)
         _fsync(path)
+
+
+def make_run_dir(path: str | Path) -> Path:
+    """Create the run directory ``path`` (train's or grid's ``--out``) if needed; one line if it cannot be one:
+    a file, a symbolic link to nothing, a place this user cannot write."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(f"the run directory {path} is a symbolic link to {os.readlink(path)}, which does not exist "
+                          "(give an existing or new directory, or create the link's target)")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"the run directory {path} exists and is a file (give a new or existing directory)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.TemporaryFile(dir=path)  # a read-only directory (or mount) refuses this
+        probe.close()
+    except OSError as err:
+        raise ConfigError(f"cannot write the run directory {path} ({err.strerror or err}); give a directory "
+                          "you can write to") from None
+    return path
 
 
 # ----------------------------------------------------------------------------- model directories

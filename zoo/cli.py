@@ -19,14 +19,21 @@ from rich.markup import escape
 from xlstm_zoo.allocator import keep_freed_memory
 from xlstm_zoo.commands.output import console
 from xlstm_zoo.errors import ZooError
+from xlstm_zoo.loggers.base import LoggerWarning
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.plugins.status import PluginWarning
 from xlstm_zoo.registry import registry
+from xlstm_zoo.training import signals
 
 __all__ = ["console", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    with signals.installed():  # SIGTERM (timeout, docker stop, schedulers) stops a run as Ctrl-C does
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     options, _ = _global_options(add_help=False).parse_known_args(argv)
     keep_freed_memory()  # fewer page faults on repeated large CPU buffers; XLSTM_ZOO_MALLOC=default opts out
@@ -43,13 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     except ZooError as err:
         if options.debug:
             raise
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True,
+                                   emoji=False)  # "cuda:banana" stays text
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if options.debug:
             raise
-        Console(stderr=True).print("interrupted: finished work is kept; the same command resumes", highlight=False)
-        return 130
+        what = "terminated (SIGTERM)" if isinstance(stop, signals.Terminated) else "interrupted"
+        Console(stderr=True).print(f"{what}: finished work is kept; the same command resumes", highlight=False)
+        return signals.exit_status(stop)
 
 
 def _global_options(add_help: bool = True) -> argparse.ArgumentParser:
@@ -80,13 +89,13 @@ def apply_options(args) -> None:
 
 
 def _one_line_warnings() -> None:
-    """Plugin warnings print as ``warning: ...`` on stderr, like errors; others as Python does."""
+    """Plugin and logger warnings print as ``warning: ...`` on stderr, like errors; others as Python does."""
     previous = warnings.showwarning
     if getattr(previous, "_zoo_plugins", False):
         return
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if isinstance(category, type) and issubclass(category, PluginWarning):
+        if isinstance(category, type) and issubclass(category, (PluginWarning, LoggerWarning)):
             text = str(message).removeprefix("xlstm-zoo: ")
             Console(stderr=True).print(f"[bold yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
         else:

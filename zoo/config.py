@@ -122,6 +122,12 @@ class _ComponentField:
                 "summary": "; ".join(f"{p}: {m}" if p else m for p, m, _ in flatten_errors(err)),
                 "errors": flatten_errors(err),
             }) from None
+        except Exception as err:  # a validator (a plugin's) that raises other than ValueError: not a traceback
+            reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+            raise PydanticCustomError(
+                "zoo_component", "{kind} '{name}' (from {source}): its config check failed with {reason}; a config "
+                "validator reports a bad value with ValueError (tell the author of {source})",
+                {"kind": self.kind, "name": name, "source": entry.origin, "reason": reason}) from None
 
 
 def component_kind_of(field) -> str | None:

@@ -54,3 +54,13 @@ class BackendError(ZooError, RuntimeError):
 class InputError(ZooError, ValueError):
     """A bad argument to a model call: a state that does not fit the model, token ids outside the
     vocabulary, generation settings out of range. Raised before anything is computed."""
+
+
+class WriteError(ZooError):
+    """A file could not be written (a full disk, no permission): what was kept is said."""
+
+    @classmethod
+    def of(cls, path, err: OSError, kept: str) -> "WriteError":
+        reason = err.strerror or type(err).__name__
+        return cls(f"cannot write {path}: {reason}; {kept} (free space or fix the permissions, then run the same "
+                   "command again)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import threading
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,6 +46,7 @@ class Component:
     description: str
     source: str = "xlstm-zoo"  # the distribution (or local plugin module) that registered it
     version: str | None = None  # that distribution's version, where known
+    replaces: str | None = None  # the origin of the component this one overrode (override=True), if any
 
     @property
     def origin(self) -> str:
@@ -134,6 +136,10 @@ class Registry:
                     f"{entry.kind} {entry.name!r} is already registered by {existing.origin}; {entry.origin} "
                     "registers it again. Pass override=True to replace it deliberately."
                 )
+            if (override and existing is not None and existing.source != entry.source
+                    and entry.replaces is None):
+                # a different implementation under a known name: recipes naming it now mean something else
+                entry = dataclasses.replace(entry, replaces=existing.replaces or existing.origin)
             self._components.setdefault(entry.kind, {})[entry.name] = entry
             self._instances.pop((entry.kind, entry.name), None)
             self.version += 1

@@ -94,3 +94,24 @@ def test_one_int32_tensor_does_not_make_the_model_int32(tmp_path):
     assert {t.dtype for t in loaded.state_dict().values()} == {torch.float32}
     assert torch.equal(loaded.embedding.weight, weights["embedding.weight"].float())
     assert torch.equal(loaded.head.weight, model.head.weight)
+
+
+@pytest.mark.parametrize("weight_map, message", [
+    (["model-00001-of-00002.safetensors"], "'weight_map' is list; a safetensors index maps each tensor name"),
+    ({"embedding.weight": 3}, "'weight_map' is a mapping with non-text entries"),
+    ({"embedding.weight": "../outside.safetensors"}, "names shards outside the checkpoint's directory (../outside"),
+    ({"embedding.weight": "/etc/outside.safetensors"}, "names shards outside the checkpoint's directory (/etc/"),
+])
+def test_a_shard_index_of_the_wrong_shape_is_one_line(tmp_path, run_cli, weight_map, message):
+    import json
+
+    save_pretrained(tiny(0), tmp_path / "src", layout="hf", max_shard_size=20_000)
+    index = tmp_path / "src" / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"] = weight_map
+    index.write_text(json.dumps(data))
+    (tmp_path / "outside.safetensors").write_bytes(b"")
+    code, _, err = run_cli("convert", tmp_path / "src", "--out", tmp_path / "out")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert message in err and str(index) in err, err
+    assert not (tmp_path / "out").exists()

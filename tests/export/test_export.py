@@ -35,6 +35,7 @@ from xlstm_zoo.config import BuildContext, ZooConfig, build
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.export import ExportError, ExportWarning, build_signature, export_step, named_state
 from xlstm_zoo.export import tensorrt as trt_export
+from xlstm_zoo.export import validate as checks
 from xlstm_zoo.export.step_model import StepModule, prepare_model
 from xlstm_zoo.export.validate import OrtStep, check_trt_ops, trt_supported_ops
 from xlstm_zoo.recipe import build as build_recipe, load_recipe, shipped_recipes
@@ -161,7 +162,7 @@ def cell_exports(tmp_path_factory):
         if cell not in cache:
             out = tmp_path_factory.mktemp(f"export-{cell}")
             cache[cell] = export_step(small_lm(cell), out, batch=BATCH, rollout_steps=1000, threads=1,
-                                      prefill=5 if cell == "mlstm" else None, source=f"{cell} test")
+                                      prefill=5 if cell in ("mlstm", "slstm") else None, source=f"{cell} test")
         return cache[cell]
     return get
 
@@ -220,8 +221,9 @@ def test_slstm_zero_state_minus_inf_runs_in_onnxruntime(cell_exports):
         np.testing.assert_array_equal(got, want)
 
 
-def test_prefill_model_matches_pytorch_forward(cell_exports):
-    result = cell_exports("mlstm")
+@pytest.mark.parametrize("cell", ["mlstm", "slstm"])  # sLSTM: its compiled loop must not be traced
+def test_prefill_model_matches_pytorch_forward(cell_exports, cell):
+    result = cell_exports(cell)
     assert result.prefill_path is not None and result.prefill_path.is_file()
     report = result.prefill_report
     assert report.ok, report.failures()
@@ -681,3 +683,27 @@ def test_module_without_step_input_is_a_clear_error():
     with pytest.raises(ExportError, match=r"Bare .*does not say what its step takes.*step_input"):
         build_signature(Bare())
     assert build_signature(Bare(), input_dim=3).input.shape == (3,)  # or say it in the call
+
+
+def test_a_batch_range_that_cannot_be_allocated_is_refused_before_writing(tmp_path, run_cli):
+    out_dir = tmp_path / "o"
+    assert_one_line_error(*run_cli("export", "xlstm_0_1", "--set", f"dim={DIM}", "--batch", "1,2,100000000000",
+                                   "--out", out_dir),
+                          "batch max 100,000,000,000 cannot be validated here", "GiB free", "give a smaller MAX")
+    assert not out_dir.exists(), "nothing written"
+
+
+def test_a_failed_export_leaves_nothing_unvalidated(tmp_path, monkeypatch):
+    (tmp_path / "README.md").write_text("mine")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("onnxruntime crashed")
+
+    monkeypatch.setattr(checks, "validate_step", broken)
+    with pytest.raises(RuntimeError, match="onnxruntime crashed"):
+        export_step(bare_cell("lstm"), tmp_path, batch=(1, 2, 4), rollout_steps=2, threads=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"], "no step.onnx, no staging folder"
+    monkeypatch.undo()
+    result = export_step(bare_cell("lstm"), tmp_path, batch=(1, 2, 4), rollout_steps=2, threads=1)
+    assert result.ok and result.onnx_path == tmp_path / "step.onnx" and result.onnx_path.is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "the staging folder is gone"

@@ -244,3 +244,33 @@ def test_bad_checkpoints(tmp_path):
         read_model_dir(tmp_path / "m", dtype="int8")
     with pytest.raises(ConfigError, match="not an xlstm-zoo model directory"):
         load_checkpoint(tmp_path)  # neither a model directory nor a run directory with a checkpoint
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_run_directory_files_follow_the_umask(tmp_path, mask):
+    """Shared run directories are read by others: every file a grid and its trainer write has the umask's
+    permissions (a private temporary file renamed into place would not)."""
+    import os
+    import stat
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import toy_task
+    from xlstm_zoo.grid.runner import run_grid
+
+    toy_task.register()
+    data = toy_task.recipe(steps=10, checkpoint_every=5)
+    data["grid"] = {"seeds": [0]}
+    data["report"] = {"metric": "accuracy", "split": "valid"}
+    previous = os.umask(mask)
+    try:
+        run_grid(load_recipe(data), tmp_path / "run")
+    finally:
+        os.umask(previous)
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert {"grid.json", "result.json", "metrics.jsonl", "model.safetensors", "optimizer.pt", "state.json",
+            "recipe.yaml"} <= {p.name for p in files}
+    wrong = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files
+             if stat.S_IMODE(p.stat().st_mode) != 0o666 & ~mask}
+    assert not wrong, wrong

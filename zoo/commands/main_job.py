@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import functools
 import os
@@ -12,11 +13,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from xlstm_zoo.checkpoint import find_checkpoint, json_text, saved_step
+from xlstm_zoo.checkpoint import find_checkpoint, json_text, make_run_dir, saved_step
 from xlstm_zoo.commands.output import show, table
 from xlstm_zoo.commands.recipes import RECIPE_HELP
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.grid.claims import describe, read_claim
+from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
 from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
@@ -90,6 +91,28 @@ def _load(args):
 
 def cmd_train(args) -> int:
     recipe = _load(args)
+    with _own_run_dir(args.out):
+        return _train(args, recipe)
+
+
+@contextlib.contextmanager
+def _own_run_dir(out: str | None):
+    """Hold ``out``'s claim while training there, as a grid holds a cell's: a second ``train`` (or a grid whose
+    cell this is) on the same directory is refused instead of deleting the first's files. Ranks under torchrun
+    take none: the process that started them (``--nproc``, a grid cell) holds it."""
+    if not out or "RANK" in os.environ:
+        yield
+        return
+    try:
+        claim = acquire(make_run_dir(out), executor="train")
+    except CellBusy as busy:
+        raise ConfigError(f"{out} is in use by another run ({busy}): one run directory holds one run at a time; "
+                          "wait for it to finish, or give another --out") from None
+    with claim:
+        yield
+
+
+def _train(args, recipe) -> int:
     if args.nproc > 1:
         if "RANK" in os.environ:
             raise ConfigError("--nproc starts its own processes: drop it when running under torchrun")

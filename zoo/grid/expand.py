@@ -17,12 +17,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from xlstm_zoo.config import digest_dump
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
+from xlstm_zoo.recipe.meaning import NOT_MEANING, meaning_digest
 
 # Sections that describe the grid itself, not what a cell trains.
-GRID_ONLY = ("name", "description", "grid", "report", "profiles", "launch")
+GRID_ONLY = NOT_MEANING
 
 
 @dataclass
@@ -96,13 +96,9 @@ def _resolve(recipe, variant, overrides, labels) -> Cell:
 
 
 def recipe_digest(recipe) -> str:
-    """A digest of everything that determines a cell's result (not its name or the grid around it)."""
-    # Fields added after grids were first run leave the digest as it was while they hold their
-    # default, so existing run directories keep their cell ids (and their results); component
-    # fields declare it with `AddedField` (see `digest_dump`).
-    content = {k: v for k, v in digest_dump(recipe).items() if k not in GRID_ONLY}
-    content["train"].pop("report_to", None)  # where metrics are sent does not change what a cell computes
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    """A digest of everything that determines a cell's result (not its name or the grid around it);
+    the same meaning a checkpoint's resume check compares (:mod:`xlstm_zoo.recipe.meaning`)."""
+    return meaning_digest(recipe)
 
 
 def _slug(labels: dict[str, Any]) -> str:

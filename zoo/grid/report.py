@@ -81,6 +81,10 @@ class Report:
             lines.append("| " + " | ".join([row] + [self._cell(self.groups.get((row, c))) for c in self.columns]) + " |")
         if self.has_paper:
             lines += ["", "(paper: the published number for the same row and column, from recipes/paper/tables)"]
+        failed = [error for row in self.rows for c in self.columns if (g := self.groups.get((row, c)))
+                  for error in g.failed]
+        if failed:  # why each failed cell has no number, not only how many
+            lines += ["", f"Failed cells ({len(failed)}):", ""] + [f"- {error}" for error in failed]
         return "\n".join(lines) + "\n"
 
     def _cell(self, g: Group | None) -> str:

@@ -42,12 +42,13 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, json_text, saved_step
+from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, json_text, make_run_dir, saved_step
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.training.distributed import check_split, run_torchrun
+from xlstm_zoo.training import signals
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import CHECKPOINT, train
 
@@ -121,6 +122,30 @@ def read_manifest(run_dir: Path) -> dict:
     return manifest
 
 
+def check_owner(manifest: dict, recipe, out_dir: Path) -> None:
+    """One run directory, one grid: refuse a grid that is neither the manifest's name nor from its recipe file
+    (a renamed grid, or the same file edited, is the same grid: its finished cells are reused by digest)."""
+    name, source = manifest.get("name"), manifest.get("source")
+    if name == recipe.name or (source is not None and _same_file(source, recipe._source)):
+        return
+    def grid(n, s):
+        return f"grid {n!r}" + (f" (from {s})" if s else "")
+    raise ConfigError(f"{out_dir} holds {grid(name, source)}; this is {grid(recipe.name, recipe._source)}: a run "
+                      "directory holds one grid, so its grid.json and report are not replaced. Give this grid another "
+                      f"--out, or delete {out_dir / 'grid.json'} to hand the directory over (cells of the same "
+                      "meaning are reused)")
+
+
+def _same_file(a: str, b: str | None) -> bool:
+    if b is None:
+        return False
+    a, b = (text.split(" with ", 1)[0] for text in (a, b))  # the file, without " with --profile ... --set ..."
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def grid_manifest(recipe, cells: list[Cell]) -> dict:
     return {
         "name": recipe.name,
@@ -153,11 +178,10 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
     """
     executor = executor or LocalExecutor(jobs)
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"the run directory {out_dir} exists and is a file (give a new or existing directory)")
-    if (out_dir / "grid.json").exists():
-        read_manifest(out_dir)  # never overwrite a file that is not ours
+    if (out_dir / "grid.json").exists():  # never overwrite a file that is not ours, or another grid's manifest
+        check_owner(read_manifest(out_dir), recipe, out_dir)
     cells = expand(recipe)
+    make_run_dir(out_dir)
     since = time.time()
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))
     counts = {"ran": 0, "skipped": 0, "failed": 0, "busy": 0}
@@ -347,7 +371,18 @@ def _run_parallel(todo, out_dir, jobs, worker_setup, progress, overall, record, 
         except BaseException:
             for future in futures:
                 future.cancel()
+            _stop_workers(pool)
             raise
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGTERM each worker, so that it checkpoints its cell and takes no other: the driver may have been
+    stopped alone (``kill PID``, a worker's own interrupt); a worker that got the signal already ignores it."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+        except (ProcessLookupError, TypeError):
+            pass  # exited already, or never started
 
 
 def portable(cell: Cell) -> Cell:
@@ -358,9 +393,9 @@ def portable(cell: Cell) -> Cell:
 
 def _worker_init(threads: int, worker_setup: Callable[[], None] | None) -> None:
     torch.set_num_threads(threads)
-    # Ctrl-C stops a worker's cell (checkpoint, claim released) even where the grid was started with SIGINT
-    # ignored (a shell's background job); and so does its driver's death.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ctrl-C and SIGTERM stop a worker's cell (checkpoint, claim released) even where the grid was started with
+    # SIGINT ignored (a shell's background job); and so does its driver's death.
+    signals.install()
     _stop_when_orphaned(os.getppid())
     if worker_setup is not None:
         worker_setup()
@@ -392,6 +427,8 @@ def worker_run_cell(cell: Cell, out_dir: str, retry_failed: bool = False, since:
                      executor: str = "local") -> dict:
     """Run a :func:`portable` cell in a worker process: rebuild its recipe from this process's
     registry and check that it means the same as in the driver."""
+    if signals.stopping():  # interrupted already: a cell queued before the stop is not started
+        raise signals.Terminated
     _cell_running.set()
     try:
         return _worker_run_cell(cell, Path(out_dir), retry_failed, since, executor)

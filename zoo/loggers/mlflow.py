@@ -2,7 +2,8 @@
 
 The store is ``MLFLOW_TRACKING_URI`` (a server, ``http://...``, or any store MLflow reads), else an
 SQLite file under the grid's (or run's) directory, ``mlflow.db``: MLflow 3 refuses new file stores
-unless told to, and one database file keeps a grid's cells in one experiment.
+unless told to, and one database file keeps a grid's cells in one experiment. A server that does not
+answer within a few seconds costs one warning, not minutes of retries.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import contextlib
 import fcntl
 import os
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +26,11 @@ from xlstm_zoo.registry import component
 STORE = "mlflow.db"
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 MAX_VALUE = 6000  # MLflow's limit on a parameter value's length
+PROBE_S = 3.0  # how long a tracking server has to answer before the logger is dropped
+# A server that goes away mid-run: each call gives up after about half a minute instead of MLflow's
+# default 7 retries of up to 120 s each (then the logger is dropped and training goes on).
+BOUNDED_REQUESTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 
 class MLflowConfig(ZooConfig):
@@ -43,10 +51,14 @@ class MLflowLogger(Logger):
         except ImportError:
             raise missing_package("mlflow", "mlflow", "mlflow") from None
         self.config, self._client_class, self._metric, self._param = config, MlflowClient, Metric, Param
+        for name, value in BOUNDED_REQUESTS.items():  # the user's own settings win
+            os.environ.setdefault(name, value)
         self.client, self.run_id = None, None
 
     def open(self, run: RunInfo) -> None:
         uri = self.config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is not None and uri.startswith(("http://", "https://")):
+            _check_server(uri)
         if uri is None:  # the grid's own SQLite file: cells started at once (--jobs) create its tables one at a time
             uri = f"sqlite:///{run.store_dir / STORE}"
             with _locked(run.store_dir / (STORE + ".lock")):
@@ -87,6 +99,18 @@ class MLflowLogger(Logger):
     def close(self, status: str) -> None:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status=STATUS.get(status, "FINISHED"))
+
+
+def _check_server(uri: str, timeout_s: float = PROBE_S) -> None:
+    """Raise within ``timeout_s`` if no server answers at ``uri`` (refused, unknown host, or silent): MLflow's
+    client would retry for minutes before each call fails."""
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return  # it answered (a server without /health, a proxy asking for a login): the client will say more
+    except (OSError, ValueError) as err:  # URLError, a timeout, a malformed address
+        reason = getattr(err, "reason", err)
+        raise ConnectionError(f"no MLflow server answers at {uri} within {timeout_s:.0f} s ({reason})") from None
 
 
 @contextlib.contextmanager

@@ -4,6 +4,8 @@ runs/GRID`` shows a grid's cells side by side."""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 from typing import Literal
 
 from xlstm_zoo.config import ZooConfig
@@ -31,6 +33,7 @@ class TensorBoardLogger(Logger):
         self._writer_class, self._hparams, self.writer = SummaryWriter, hparams, None
 
     def open(self, run: RunInfo) -> None:
+        _check_writable(run.run_dir / LOG_DIR)  # here, not as a traceback from the writer's thread
         # A resumed run replays the steps after its checkpoint: purge_step hides what the first start
         # logged from there on, so each step shows once.
         self.writer = self._writer_class(str(run.run_dir / LOG_DIR), flush_secs=10,
@@ -50,3 +53,12 @@ class TensorBoardLogger(Logger):
 def _scalar(value):
     """A hyperparameter as TensorBoard takes it: a number, a string or a bool (anything else as JSON)."""
     return value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+
+
+def _check_writable(directory: Path) -> None:
+    """Raise (one logger warning) if ``directory`` cannot be created or written to."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as err:
+        raise OSError(f"cannot write {directory}: {err.strerror or err}") from None

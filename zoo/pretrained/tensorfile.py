@@ -86,11 +86,7 @@ class SafetensorsSource(TensorSource):
         """The index's shards, else ``{stem}.safetensors``, else ``{stem}_0, _1, ...`` (xlstm_large), else None."""
         index = directory / f"{stem}.safetensors.index.json"
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as err:
-                raise ConfigError(f"not a safetensors index ({err}); it needs a 'weight_map'", file=str(index)) from None
-            files = [directory / name for name in dict.fromkeys(weight_map.values())]
+            files = [directory / name for name in dict.fromkeys(_weight_map(index).values())]
             missing = [f.name for f in files if not f.is_file()]
             if missing:
                 raise ConfigError(f"the index names shards that are not there: {', '.join(missing)}", file=str(index))
@@ -164,3 +160,23 @@ def _numel(shape) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's ``weight_map``, checked: tensor names to shard file names that lie in the index's own
+    directory (a name like ``../x`` or ``/etc/x`` would read files outside the checkpoint)."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"not a safetensors index ({type(err).__name__}: {err}); it needs a 'weight_map'",
+                          file=str(index)) from None
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in weight_map.items()):
+        got = type(weight_map).__name__ if not isinstance(weight_map, dict) else "a mapping with non-text entries"
+        raise ConfigError(f"'weight_map' is {got}; a safetensors index maps each tensor name to a shard file name "
+                          "(text to text)", file=str(index))
+    outside = sorted({v for v in weight_map.values() if Path(v).name != v or v in ("", ".", "..")})
+    if outside:
+        raise ConfigError(f"'weight_map' names shards outside the checkpoint's directory ({', '.join(outside[:3])}); "
+                          "a shard is a file name beside the index, with no folder", file=str(index))
+    return weight_map

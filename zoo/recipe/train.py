@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+import torch
+from pydantic import Field, field_validator, model_validator
 
 from xlstm_zoo.config import AddedField, Spec, ZooConfig
 from xlstm_zoo.initialization import Role
@@ -32,6 +33,9 @@ class EarlyStop(ZooConfig):
         return value >= self.at_least if self.at_least is not None else value <= self.at_most
 
 
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class TrainConfig(ZooConfig):
     steps: int = Field(1000, ge=1, description="optimiser steps")
     batch_size: int = Field(32, ge=1, description="the global batch: split over micro_batches and data-parallel "
@@ -46,12 +50,13 @@ class TrainConfig(ZooConfig):
     frozen: list[Role] = AddedField(
         [], description="init roles whose weights are never updated, e.g. [head]: the output head stays at its "
                         "random init, so the answer cannot be taught to ignore the blocks' features")
-    betas: tuple[float, float] = (0.9, 0.98)
+    betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's two averaging factors, each in [0, 1)")
     warmup_steps: int = Field(100, ge=0, description="linear warm-up, then cosine decay")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate = min_lr_ratio * lr")
     grad_clip: float | None = Field(1.0, gt=0, description="clip the global gradient norm (null: off)")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 = autocast; states and optimiser stay fp32")
-    seed: int = 0
+    seed: int = Field(0, ge=-2**63, lt=2**64, description="seeds the initial weights and every step's batch "
+                                                            "(a 64-bit integer)")
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: only at the end)")
     eval_splits: list[Literal["valid", "test"]] = Field(default_factory=lambda: ["valid", "test"])
     early_stop: EarlyStop | None = AddedField(None, description="stop before `steps` once a validation metric is "
@@ -62,6 +67,16 @@ class TrainConfig(ZooConfig):
     report_to: list[Spec("logger")] = Field(
         default_factory=list, description="loggers that get the metrics besides metrics.jsonl, e.g. [tensorboard, "
                                           "mlflow, wandb] (`xlstm-zoo list logger`); not part of a grid cell's id")
+
+    @field_validator("device")
+    @classmethod
+    def _a_device(cls, value: str) -> str:
+        try:
+            torch.device(value)
+        except (RuntimeError, TypeError):
+            raise ValueError("not a torch device: give a type torch knows, with an optional index, e.g. cpu, cuda, "
+                             "cuda:1, mps or xpu") from None
+        return value
 
     @model_validator(mode="after")
     def _warmup_fits(self):

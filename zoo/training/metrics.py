@@ -5,10 +5,12 @@ A run killed mid-write can leave a torn last line; readers skip lines that don't
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 from xlstm_zoo.checkpoint import atomic_write, json_text
+from xlstm_zoo.errors import WriteError
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -36,9 +38,27 @@ class MetricsLog:
         text = "".join(json_text(r, indent=None) + "\n" for r in kept)
         atomic_write(self.path, lambda f: f.write(text.encode()))
 
+    def restart(self) -> None:
+        """Start the file afresh: a run with no checkpoint trains from step 0 again."""
+        if self.path is not None and self.path.exists():
+            atomic_write(self.path, lambda f: None)
+
     def write(self, record: dict) -> None:
+        """Append one line, whole or not at all: a failed write (a full disk) is cut off again, so no torn
+        line is left for the next line to be glued onto."""
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json_text(record, indent=None) + "\n")
+        line = (json_text(record, indent=None) + "\n").encode()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("ab") as f:
+                end = f.tell()
+                try:
+                    f.write(line)
+                    f.flush()
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        f.truncate(end)
+                    raise
+        except OSError as err:
+            raise WriteError.of(self.path, err, "the lines before this one are kept") from None

@@ -14,8 +14,7 @@ one process and one micro-batch the loop is the plain one: mean loss of the whol
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,15 +24,19 @@ import torch
 
 from xlstm_zoo.checkpoint import STATE, find_checkpoint, load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
-from xlstm_zoo.errors import ConfigError, ZooError
+from xlstm_zoo.errors import ConfigError, WriteError, ZooError
 from xlstm_zoo.initialization import KEEP, parameter_roles
 from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
+from xlstm_zoo.training import signals
 from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
+from xlstm_zoo.training.preflight import check_device, probe_failed_plugins
+from xlstm_zoo.training.resume import between_steps, check_implementations, restore_between_steps
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
+from xlstm_zoo.recipe.meaning import meaning
 from xlstm_zoo.recipe.sizes import check_training_fits
 
 CHECKPOINT = "checkpoint"  # a directory: see xlstm_zoo.checkpoint
@@ -42,6 +45,22 @@ METRICS = "metrics.jsonl"
 
 class TrainingDiverged(ZooError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class NonFiniteEvaluation(ZooError):
+    """A final evaluation gave NaN or inf though training stayed finite: no result to record."""
+
+
+def check_finite(final: dict[str, dict[str, float]], step: int) -> None:
+    """Refuse final metrics with a NaN or inf (e.g. logits that overflow on the longer test inputs): scored as
+    they are, such logits would pass for a trained model with accuracy 0."""
+    bad = [(split, name, value) for split, metrics in final.items() for name, value in metrics.items()
+           if name != "headline" and isinstance(value, float) and not math.isfinite(value)]
+    if bad:
+        listed = ", ".join(f"{name} {value} on {split}" for split, name, value in bad)
+        raise NonFiniteEvaluation(f"the evaluation after step {step} is not finite ({listed}) although training "
+                                  "was: the model's outputs are not finite there (try bf16 -> fp32, a lower train.lr, "
+                                  "or shorter evaluation inputs); the checkpoint is kept")
 
 
 def build_task(recipe) -> Task:
@@ -74,7 +93,8 @@ def check_step_fits(recipe, task: Task, rows: int, device: str) -> None:
 
 
 def _step_generator(seed: int, step: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+    # modulo 2**64: any 64-bit seed works, and small ones give the same batches as always
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) % 2**64)
 
 
 def freeze(model, roles) -> None:
@@ -149,6 +169,7 @@ def train(recipe, run_dir: str | Path | None = None, *, progress=None, descripti
     ctx = DistContext.from_env()
     rows = check_split(cfg.batch_size, ctx.world, cfg.micro_batches, recipe._source)
     device = ctx.device(cfg.device)
+    check_device(device, recipe._source)
     ctx.init(device)
     try:
         result = _train(recipe, cfg, ctx, rows, device, Path(run_dir) if run_dir is not None else None,
@@ -168,7 +189,7 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
         try:
             for step in range(run.start, cfg.steps):
                 loss, batch = run.loss_and_gradients(step)
-                with _interrupt_after_block():  # weights change: a Ctrl-C waits until this step is recorded
+                with signals.held():  # weights change: a Ctrl-C or SIGTERM waits until this step is recorded
                     run.safe = None  # until the step is recorded; an exception in between (a second Ctrl-C) saves nothing
                     run.optimizer.step()
                     run.record(step + 1, loss.item(), batch.tokens.numel())
@@ -176,7 +197,7 @@ def _train(recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path 
                 if run.stopped:  # train.early_stop reached at this step's evaluation
                     run.write({"step": step + 1, "event": "early_stop"})
                     break
-        except KeyboardInterrupt:  # Ctrl-C, or a cancelled Ray task: keep the progress made since the last checkpoint
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a cancelled Ray task: keep the progress made since the last checkpoint
             run.save_interrupted()
             raise
         return run.finish()
@@ -219,6 +240,7 @@ class _Run:
         task = build_task(recipe)
         check_step_fits(recipe, task, rows, device)
         model = build_model_for(recipe, task).to(device)
+        probe_failed_plugins(model, lambda: task.batch("train", 1, _step_generator(cfg.seed, 0)))
         freeze(model, cfg.frozen)
         optimizer = adamw(param_groups(model, cfg.weight_decay, cfg.no_weight_decay), cfg.lr, cfg.betas)
         log = MetricsLog(run_dir / METRICS if run_dir and ctx.is_main else None)
@@ -229,9 +251,11 @@ class _Run:
             forward.register_comm_hook(None, sum_hook)
         run = cls(recipe, cfg, ctx, rows, device, run_dir, task, model, forward, optimizer, log, loggers)
         found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
-        if found is not None:
-            run.start, run.stopped = _resume(found, recipe, model, optimizer, log, ctx.world)
         run.stopper = EarlyStopper(cfg.early_stop)
+        if found is not None:
+            run.start, run.stopped = _resume(found, recipe, model, optimizer, run.stopper, device, log, ctx.world)
+        else:  # lines of a run killed before its first checkpoint: trained again from step 0, logged once
+            log.restart()
         run.safe = run.saved = run.start
         ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
         # listed once: model.parameters() walks every submodule each time
@@ -315,8 +339,13 @@ class _Run:
 
     def checkpoint(self, step: int, **state) -> None:
         if self.run_dir is not None and self.ctx.is_main:
-            save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
-                            optimizer=self.optimizer.state_dict(), step=step, **state)
+            try:
+                save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
+                                optimizer=self.optimizer.state_dict(), step=step,
+                                **between_steps(self.stopper, self.device, self.recipe), **state)
+            except OSError as err:  # a full disk: the save wrote into a temporary directory, now removed
+                kept = f"the checkpoint of step {self.saved} is kept" if self.saved else "no checkpoint was written yet"
+                raise WriteError.of(self.run_dir / CHECKPOINT, err, kept) from None
             self.saved = step
 
     def save_interrupted(self) -> None:
@@ -337,6 +366,7 @@ class _Run:
         self.checkpoint(done, **({"stopped_early": True} if self.stopped else {}))
         if self.bar is not None:
             self.progress.remove_task(self.bar)
+        check_finite(final, done)
         return _result(done, self.stopped, self.last_loss, final, self.model, self.ctx)
 
 
@@ -346,30 +376,6 @@ def _build_loggers(cfg, run_dir: Path | None) -> list:
         raise ConfigError("train.report_to needs a run directory for the loggers' files and run ids: "
                           "give --out (or drop --report-to)", path="train.report_to")
     return build_loggers(cfg.report_to)
-
-
-@contextlib.contextmanager
-def _interrupt_after_block():
-    """Hold a Ctrl-C (SIGINT, also how Ray cancels a task) until the block ends, then raise it, so an
-    interrupt never lands between an optimiser step and its metrics and checkpoint bookkeeping. A
-    second Ctrl-C inside the block raises at once. Only the main thread can set signal handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending = []
-
-    def hold(signum, frame):
-        if pending:
-            raise KeyboardInterrupt
-        pending.append(signum)
-
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt
 
 
 def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, device: str) -> torch.Tensor:
@@ -393,15 +399,18 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
     return all_reduce_sum(total, ctx) / scored
 
 
-def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> tuple[int, bool]:
-    """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; returns its step and whether the run had
-    stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
+def _resume(path: Path, recipe, model, optimizer, stopper: EarlyStopper, device: str, log: MetricsLog,
+            world: int = 1) -> tuple[int, bool]:
+    """Load the checkpoint at ``path`` into ``model``, ``optimizer``, ``stopper`` (its streak) and the random
+    generators; returns its step and whether the run had stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
     early-stopped run, left as it is)."""
     saved_recipe, saved_model, extra = load_checkpoint(path)
-    if _meaning(saved_recipe) != _meaning(recipe):
+    if meaning(saved_recipe) != meaning(recipe):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     step = _checked_step(path, extra, recipe.train.steps)
+    check_implementations(extra, recipe, path)
+    restore_between_steps(extra, stopper, device, path / STATE if path.is_dir() else path)
     model.load_state_dict(saved_model.state_dict())
     optimizer.load_state_dict(extra["optimizer"])
     stopped = extra.get("stopped_early") is True
@@ -433,6 +442,7 @@ def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: Di
     (None if gone)."""
     final = {split: evaluate(model, task, split, device=device, precision=cfg.precision, ctx=ctx)
              for split in cfg.eval_splits}
+    check_finite(final, step)
     losses = [r["loss"] for r in read_metrics(run_dir / METRICS)
               if r.get("split") == "train" and r.get("step", 0) <= step and "loss" in r]
     return _result(step, stopped, losses[-1] if losses else None, final, model, ctx)
@@ -443,11 +453,3 @@ def _result(step: int, stopped: bool, last_loss, metrics: dict, model, ctx: Dist
     final metrics per split."""
     return {"steps": step, **({"stopped_early": True} if stopped else {}), "final_train_loss": last_loss,
             "metrics": metrics, "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
-
-
-def _meaning(recipe) -> dict:
-    """What a checkpoint's recipe must share with the run resuming it: all but how it is launched and
-    where its metrics are sent."""
-    data = recipe.model_dump(exclude={"launch"})
-    data["train"].pop("report_to", None)
-    return data

@@ -114,3 +114,64 @@ def test_workers_stop_their_cells_when_the_driver_is_killed(tmp_path):
         events = [json.loads(line)["event"] for line in (cell / "metrics.jsonl").read_text().splitlines()
                   if "event" in line]
         assert events == ["interrupted"], events
+
+
+def _parity_grid(tmp_path, steps: int) -> Path:
+    """Two seeds of a tiny LSTM on a shipped task (spawned workers rebuild the registry from scratch)."""
+    data = {"model": {"type": "causal_lm", "vocab_size": None, "dim": 8, "tie_weights": False,
+                      "stack": {"type": "xlstm", "pattern": "l",
+                                "blocks": {"l": {"type": "plain", "cell": {"type": "lstm"}}}}},
+            "task": {"type": "parity", "train_lengths": [2, 4], "test_lengths": [5, 6], "eval_sequences": 8},
+            "train": {"steps": steps, "batch_size": 4, "warmup_steps": 0, "log_every": 5, "eval_splits": ["valid", "test"]},
+            "grid": {"seeds": [0, 1]}}
+    recipe = tmp_path / "grid.json"
+    recipe.write_text(json.dumps(data))
+    return recipe
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc (Linux)")
+@pytest.mark.parametrize("target", ["group", pytest.param("driver", marks=pytest.mark.slow)])
+def test_sigterm_stops_every_worker_and_the_rerun_logs_each_step_once(tmp_path, target):
+    # group: what `timeout`, `docker stop` and batch schedulers send; driver: `kill PID` of the grid alone,
+    # which the driver passes on to its workers. Either way each cell checkpoints its last whole step.
+    steps = 1000
+    recipe, out = _parity_grid(tmp_path, steps), tmp_path / "run"
+    command = [sys.executable, "-m", "xlstm_zoo", "grid", str(recipe), "--out", str(out), "--jobs", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                            start_new_session=True)  # its own process group, as under a scheduler
+    workers = []
+    try:
+        deadline = time.time() + 180
+        while len([m for m in out.glob("cells/*/metrics.jsonl") if len(m.read_text().splitlines()) >= 2]) < 2:
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        workers = [pid for pid in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) == 2, workers
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        for pid in [proc.pid, *workers]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == "terminated (SIGTERM): finished work is kept; the same command resumes"
+    assert "Traceback" not in err, err[-3000:]
+    stopped = {}
+    for cell in out.glob("cells/*"):
+        assert not (cell / "claim.json").exists() and not (cell / "result.json").exists()
+        events = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines() if "event" in line]
+        assert [e["event"] for e in events] == ["interrupted"], events
+        stopped[cell.name] = events[0]["step"]
+    assert len(stopped) == 2
+
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for cell in out.glob("cells/*"):
+        records = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r.get("split") == "train"] == list(range(5, steps + 1, 5))
+        assert [(r["event"], r["step"]) for r in records if "event" in r] == [
+            ("interrupted", stopped[cell.name]), ("resumed", stopped[cell.name])]

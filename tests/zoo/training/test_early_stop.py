@@ -66,3 +66,47 @@ def test_unknown_metric_names_the_known_ones(tmp_path):
     recipe = load_recipe(toy_task.recipe(steps=10, eval_every=5, early_stop={"metric": "acc", "at_least": 1.0}))
     with pytest.raises(ConfigError, match="'acc' is not a metric of this task; it reports .*accuracy"):
         train(recipe, tmp_path)
+
+
+def test_an_interrupted_run_stops_at_the_same_step_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    """The streak of evaluations that met the rule is part of the checkpoint: a run interrupted in the middle of
+    one stops where the uninterrupted run does, not `evals` evaluations later."""
+    from xlstm_zoo.training import trainer
+
+    recipe = load_recipe(toy_task.recipe(steps=400, eval_every=5, early_stop={"at_least": 0.9, "evals": 3}))
+    clean = train(recipe, tmp_path / "clean")
+    stop = clean["steps"]
+    assert clean["stopped_early"] and stop < 400
+    valid = {r["step"]: r["accuracy"] for r in read_metrics(tmp_path / "clean" / "metrics.jsonl")
+             if r.get("split") == "valid"}
+    assert all(valid[s] >= 0.9 for s in (stop - 10, stop - 5, stop)), "a streak of 3 ends at the stop"
+    plain = trainer._step_generator
+
+    def interrupted(seed, step):
+        if step == stop - 3:  # two evaluations of the streak are behind it
+            raise KeyboardInterrupt
+        return plain(seed, step)
+
+    monkeypatch.setattr(trainer, "_step_generator", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(recipe, tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["early_stop_streak"] == 2
+    monkeypatch.setattr(trainer, "_step_generator", plain)
+    resumed = train(recipe, tmp_path / "run")
+    assert resumed["steps"] == stop and resumed["stopped_early"]
+    assert resumed["metrics"] == clean["metrics"]
+
+
+def test_a_checkpoint_with_a_nonsense_streak_is_refused_in_one_line(tmp_path):
+    import json
+
+    recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10, eval_every=5,
+                                         early_stop={"at_least": 2.0, "evals": 2}))
+    train(recipe, tmp_path)
+    state = tmp_path / "checkpoint" / "state.json"
+    data = json.loads(state.read_text())
+    data.update(step=10, early_stop_streak=-1)
+    state.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"early_stop_streak -1: a whole number >= 0") as caught:
+        train(recipe, tmp_path)
+    assert "\n" not in str(caught.value) and str(state) in str(caught.value)

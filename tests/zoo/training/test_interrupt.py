@@ -83,3 +83,32 @@ def test_ctrl_c_during_the_optimiser_step_waits_for_the_step(tmp_path, monkeypat
     assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 14
     events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event")]
     assert events == [{"step": 14, "event": "interrupted"}]
+
+
+def test_a_resumed_run_draws_the_same_random_numbers(tmp_path, monkeypatch):
+    """Dropout (in a plugin's model) draws from torch's generator at every step: the checkpoint keeps its state,
+    so a resumed run's draws are those of an uninterrupted run."""
+    recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
+    plain = trainer._step_generator
+    draws = {}
+
+    def drawing(stop_at):
+        def generator(seed, step):
+            if step == stop_at:
+                raise KeyboardInterrupt
+            draws[step] = torch.rand(3)  # what a dropout layer would take
+            return plain(seed, step)
+        return generator
+
+    monkeypatch.setattr(trainer, "_step_generator", drawing(None))
+    trainer.train(recipe, tmp_path / "clean")
+    clean = dict(draws)
+    monkeypatch.setattr(trainer, "_step_generator", drawing(13))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(recipe, tmp_path / "run")
+    monkeypatch.setattr(trainer, "_step_generator", drawing(None))
+    draws.clear()
+    trainer.train(recipe, tmp_path / "run")
+    resumed = {s: d for s, d in draws.items() if s >= 13}  # step 0's batch is also drawn by the size check
+    assert sorted(resumed) == list(range(13, 30))
+    assert all(torch.equal(resumed[s], clean[s]) for s in resumed)
