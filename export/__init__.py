@@ -138,8 +138,9 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     writes ``{name}.prefill.onnx`` taking T tokens at once. ``validate`` runs onnxruntime against
     PyTorch at the batch sizes ``min``, ``opt`` and ``max`` and over ``rollout_steps`` steps from the
     zero and a random state. ``reset=True`` adds the input ``reset [batch]`` (bool: those rows restart
-    from the zero state before the step), validated with random resets in the rollouts. Also written: ``{name}.json`` (names, shapes, zero-state values,
-    opset, versions, validation). Check ``result.ok``; ``result.report`` has every number.
+    from the zero state before the step), validated with random resets in the rollouts. Also written:
+    ``{name}.json`` (names, shapes, zero-state values, opset, versions, validation). Check ``result.ok``;
+    ``result.report`` has every number.
     """
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r} (known dtypes: {', '.join(DTYPES)})")
