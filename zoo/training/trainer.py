@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from xlstm_zoo.checkpoint import STATE, find_checkpoint, load_checkpoint, save_checkpoint
+from xlstm_zoo.checkpoint import STATE, atomic_write, find_checkpoint, load_checkpoint, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import KEEP, parameter_roles
@@ -31,6 +31,7 @@ from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
 from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
+from xlstm_zoo.training.counts import parameter_counts
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
 from xlstm_zoo.training.schedule import lr_factor
 from xlstm_zoo.recipe import build, with_task_vocab
@@ -122,7 +123,7 @@ def evaluate(model, task: Task, split: str, *, device="cpu", precision="fp32",
             if i % ctx.world != ctx.rank:
                 continue
             batch = batch.to(device)
-            logits, _ = model(batch.tokens)
+            logits, _ = model(batch.tokens, **batch.model_inputs())
             parts.append(task.score(logits.float(), batch))
     model.train(was_training)
     return task.summarize(reduce_scores(merge_scores(parts), ctx))
@@ -204,6 +205,8 @@ class _Run:
     parameters: list = field(default_factory=list)  # listed once for the gradient clipping
     last_loss: float = float("nan")
     tokens_seen: int = 0
+    train_seconds: float = 0.0      # in training steps only (evaluations and checkpoints left out): tokens/s
+    step_started: float = 0.0
     progress: Any = None
     bar: Any = None
     t0: float = 0.0
@@ -230,7 +233,9 @@ class _Run:
         run = cls(recipe, cfg, ctx, rows, device, run_dir, task, model, forward, optimizer, log, loggers)
         found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
         if found is not None:
-            run.start, run.stopped = _resume(found, recipe, model, optimizer, log, ctx.world)
+            run.start, run.stopped = _resume(found, recipe, model, optimizer, log, ctx.world, task)
+        if run_dir is not None and ctx.is_main:
+            write_task_files(task, run_dir)
         run.stopper = EarlyStopper(cfg.early_stop)
         run.safe = run.saved = run.start
         ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
@@ -267,11 +272,12 @@ class _Run:
         cfg = self.cfg
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        batch = self.task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(self.device)
+        self.step_started = time.perf_counter()
+        batch = self.task.train_batch(step, cfg.batch_size, cfg.seed, _step_generator(cfg.seed, step)).to(self.device)
         plain = not self.ctx.distributed and cfg.micro_batches == 1  # the plain loop: mean loss of the whole batch
         if plain:
             with _autocast(self.device, cfg.precision):
-                logits, _ = self.model(batch.tokens)
+                logits, _ = self.model(batch.tokens, **batch.model_inputs())
             loss = self.task.loss(logits.float(), batch)
         else:
             self.optimizer.zero_grad(set_to_none=True)
@@ -297,8 +303,10 @@ class _Run:
         cfg = self.cfg
         self.last_loss = loss
         self.tokens_seen += tokens
+        self.train_seconds += time.perf_counter() - self.step_started
         if done % cfg.log_every == 0 or done == cfg.steps:
-            self.write({"step": done, "split": "train", "loss": loss, "lr": self.optimizer.param_groups[0]["lr"]})
+            self.write({"step": done, "split": "train", "loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+                        "tokens": self.tokens_seen, "tokens_per_second": self.tokens_per_second()})
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             self.scores = {split: self.evaluate(split) for split in cfg.eval_splits}
             for split, metrics in self.scores.items():
@@ -310,13 +318,17 @@ class _Run:
             rate = self.tokens_seen / max(time.perf_counter() - self.t0, 1e-9)
             self.progress.update(self.bar, completed=done, info=f"loss {loss:.3f}  {rate:,.0f} tok/s")
 
+    def tokens_per_second(self) -> float:
+        """Training tokens per second of this process's steps so far (evaluations and checkpoints left out)."""
+        return round(self.tokens_seen / max(self.train_seconds, 1e-9), 1)
+
     def evaluate(self, split: str) -> dict[str, float]:
         return evaluate(self.model, self.task, split, device=self.device, precision=self.cfg.precision, ctx=self.ctx)
 
     def checkpoint(self, step: int, **state) -> None:
         if self.run_dir is not None and self.ctx.is_main:
             save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
-                            optimizer=self.optimizer.state_dict(), step=step, **state)
+                            optimizer=self.optimizer.state_dict(), step=step, **task_state(self.task), **state)
             self.saved = step
 
     def save_interrupted(self) -> None:
@@ -337,7 +349,21 @@ class _Run:
         self.checkpoint(done, **({"stopped_early": True} if self.stopped else {}))
         if self.bar is not None:
             self.progress.remove_task(self.bar)
-        return _result(done, self.stopped, self.last_loss, final, self.model, self.ctx)
+        result = _result(done, self.stopped, self.last_loss, final, self.model, self.ctx)
+        if self.tokens_seen:  # this launch trained: its speed (a resumed run: since the resume)
+            result.update(train_tokens=self.tokens_seen, tokens_per_second=self.tokens_per_second())
+        return result
+
+
+def write_task_files(task: Task, run_dir: Path) -> None:
+    """A task's files for the run directory (text_lm: tokenizer.json), written atomically."""
+    for name, text in getattr(task, "run_files", dict)().items():
+        atomic_write(run_dir / name, lambda f, text=text: f.write(text.encode()))
+
+
+def task_state(task: Task) -> dict:
+    """What a task adds to every checkpoint's state.json (text_lm: its tokenizer)."""
+    return getattr(task, "checkpoint_state", dict)()
 
 
 def _build_loggers(cfg, run_dir: Path | None) -> list:
@@ -386,14 +412,15 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
         sync = forward.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
         with sync:
             with _autocast(device, cfg.precision):
-                logits, _ = forward(part.tokens)
+                logits, _ = forward(part.tokens, **part.model_inputs())
             part_sum = task.loss_sum(logits.float(), part)
             (part_sum / scored).backward()
         total = total + part_sum.detach()
     return all_reduce_sum(total, ctx) / scored
 
 
-def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1) -> tuple[int, bool]:
+def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 1, task: Task | None = None
+            ) -> tuple[int, bool]:
     """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; returns its step and whether the run had
     stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
     early-stopped run, left as it is)."""
@@ -402,6 +429,8 @@ def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     step = _checked_step(path, extra, recipe.train.steps)
+    if task is not None and hasattr(task, "check_checkpoint_state"):  # e.g. another tokenizer: refused
+        task.check_checkpoint_state(extra, path)
     model.load_state_dict(saved_model.state_dict())
     optimizer.load_state_dict(extra["optimizer"])
     stopped = extra.get("stopped_early") is True
@@ -442,7 +471,7 @@ def _result(step: int, stopped: bool, last_loss, metrics: dict, model, ctx: Dist
     """What a training run returns (and the grid records): where it ended, its last training loss, the
     final metrics per split."""
     return {"steps": step, **({"stopped_early": True} if stopped else {}), "final_train_loss": last_loss,
-            "metrics": metrics, "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
+            "metrics": metrics, **parameter_counts(model), "world_size": ctx.world}
 
 
 def _meaning(recipe) -> dict:
