@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from xlstm_zoo.checkpoint import STATE, atomic_write, find_checkpoint, load_checkpoint, save_checkpoint
+from xlstm_zoo.checkpoint import STATE, atomic_write, find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.initialization import KEEP, parameter_roles
@@ -424,13 +424,13 @@ def _resume(path: Path, recipe, model, optimizer, log: MetricsLog, world: int = 
     """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; returns its step and whether the run had
     stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
     early-stopped run, left as it is)."""
+    if task is not None and hasattr(task, "check_checkpoint_state") and path.is_dir():
+        task.check_checkpoint_state(read_state(path), path)  # e.g. another tokenizer: refused before the weights are read
     saved_recipe, saved_model, extra = load_checkpoint(path)
     if _meaning(saved_recipe) != _meaning(recipe):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
                           "(grids keep each configuration in its own directory, so this means a manual copy)")
     step = _checked_step(path, extra, recipe.train.steps)
-    if task is not None and hasattr(task, "check_checkpoint_state"):  # e.g. another tokenizer: refused
-        task.check_checkpoint_state(extra, path)
     model.load_state_dict(saved_model.state_dict())
     optimizer.load_state_dict(extra["optimizer"])
     stopped = extra.get("stopped_early") is True
