@@ -49,7 +49,8 @@ class TextLMConfig(ZooConfig):
     decode_errors: Literal["error", "replace", "skip"] = Field(
         "error", description="undecodable UTF-8: error (name the file), replace (U+FFFD, counted), skip (counted)")
     max_bytes: int | None = Field(None, ge=1, description="stop reading after this much text (whole documents; null: all)")
-    tokenizer: Spec("tokenizer") = Field(default_factory=BytesTokenizerConfig)
+    tokenizer: Spec("tokenizer") = Field(default_factory=BytesTokenizerConfig,
+                                         description="bytes (default), bpe (trained on the train split) or hf (a tokenizer.json)")
     pack: bool = Field(True, description="rows packed from documents with doc_starts; false: random windows")
     context_length: int = Field(256, ge=1, description="tokens the model reads per row (train and valid)")
     test_context_length: int | None = Field(None, ge=1, description="window of the test split (null: 2 * context_length)")
