@@ -365,3 +365,35 @@ def test_resume_with_another_tokenizer_is_refused(tmp_path):
         train(load_recipe(recipe), tmp_path / "run")
     text = one_line(err)
     assert "320 tokens" in text and "330" in text and "checkpoint" in text
+
+
+def test_an_interrupted_run_resumes_with_the_same_batches(tmp_path):
+    """An exception after the step-4 checkpoint (not a SIGKILL: that is the trainer-reliability branch's
+    test), then a re-run: its training losses equal an uninterrupted run's at every step to 1e-6."""
+    corpus = write_corpus(tmp_path / "c", n=30, words=3)
+    recipe = load_recipe(lm_recipe(corpus, tmp_path / "cache", steps=8))
+    train(recipe, tmp_path / "whole")
+    from xlstm_zoo.training import trainer
+
+    class Stop(Exception):
+        pass
+
+    original = trainer._Run.record
+
+    def stop_at_6(self, done, *args):
+        original(self, done, *args)
+        if done == 6:
+            raise Stop()
+
+    trainer._Run.record = stop_at_6
+    try:
+        with pytest.raises(Stop):
+            train(recipe, tmp_path / "cut")
+    finally:
+        trainer._Run.record = original
+    train(recipe, tmp_path / "cut")
+    losses = {name: {r["step"]: r["loss"] for r in read_metrics(tmp_path / name / "metrics.jsonl")
+                     if r.get("split") == "train"} for name in ("whole", "cut")}
+    assert sorted(losses["cut"]) == list(range(1, 9))
+    for step, loss in losses["whole"].items():
+        assert abs(losses["cut"][step] - loss) <= 1e-6, (step, loss, losses["cut"][step])
