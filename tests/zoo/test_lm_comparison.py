@@ -32,3 +32,29 @@ def test_demo_profile_is_the_bytes_tokenizer_on_the_default_corpus():
     recipe = load_recipe("lm_comparison", profile="demo")
     assert recipe.task.type == "text_lm" and recipe.task.path is None and recipe.task.tokenizer.type == "bytes"
     assert recipe.report.metric == "bits_per_byte"
+
+
+def test_report_shows_sizes_and_speed_of_language_model_rows(tmp_path):
+    from xlstm_zoo.grid.report import build_report
+    from xlstm_zoo.grid.runner import read_result, run_grid
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for i in range(12):
+        (corpus / f"{i}.txt").write_text(f"document {i}: " + "some words of text " * 6)
+    recipe = load_recipe({
+        "name": "tiny_lm", "model": {"type": "causal_lm", "vocab_size": None, "dim": 16,
+                                     "stack": {"type": "xlstm", "ratio": "1:0", "num_blocks": 1}},
+        "task": {"type": "text_lm", "path": str(corpus), "context_length": 16, "eval_windows": 4,
+                 "valid_fraction": 0.3, "cache_dir": str(tmp_path / "cache")},
+        "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "eval_splits": ["valid"]},
+        "grid": {"variants": {"one": {}, "two": {"model.stack.num_blocks": 2}}},
+        "report": {"metric": "bits_per_byte", "split": "valid"}})
+    run_grid(recipe, tmp_path / "run")
+    report = build_report(tmp_path / "run").markdown()
+    assert "| row | non-embedding parameters | FLOPs/token | training tokens | tokens/s |" in report
+    cells = sorted((tmp_path / "run" / "cells").iterdir())
+    results = {read_result(c)["labels"]["variant"]: read_result(c) for c in cells}
+    for name, result in results.items():
+        assert f"| {name} | {result['non_embedding_parameters']:,} |" in report
+        assert f"| {result['train_tokens']:,} |" in report and result["train_tokens"] == 2 * 4 * 16
+    assert results["two"]["non_embedding_parameters"] > results["one"]["non_embedding_parameters"]
