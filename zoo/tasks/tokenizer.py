@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
@@ -203,20 +203,3 @@ class HFTokenizer(LibraryTokenizer):
 
     def fit(self, texts, cache_dir) -> None:
         pass
-
-
-def loaded_tokenizer(saved: str, kind: str) -> TextTokenizer:
-    """A tokenizer from its ``to_json`` text (the run directory's or a checkpoint's copy)."""
-    if kind == "bytes":
-        return BytesTokenizer()
-    lib = import_tokenizers(f"reading a saved {kind} tokenizer")
-    out = LibraryTokenizer()
-    out.kind = kind
-    tok = lib.Tokenizer.from_str(saved)
-    eod = next((tok.token_to_id(n) for n in EOD_NAMES if tok.token_to_id(n) is not None), None)
-    out._adopt(tok, eod if eod is not None else 0)
-    return out
-
-
-def texts_of(docs: Iterable) -> list[str]:
-    return [d.text for d in docs]
