@@ -30,7 +30,8 @@ ROOT = "xlstm_zoo"
 # Lowest layer first; a module belongs to the first entry that is it or one of its parents.
 # Modules in no entry (the package root) belong to no layer and are never "upward".
 LAYERS = [
-    ["xlstm_zoo.errors", "xlstm_zoo.allocator", "xlstm_zoo.compiling", "xlstm_zoo.version", "xlstm_zoo.tolerances"],
+    ["xlstm_zoo.errors", "xlstm_zoo.allocator", "xlstm_zoo.compiling", "xlstm_zoo.version", "xlstm_zoo.tolerances",
+     "xlstm_zoo.packed"],
     ["xlstm_zoo.backends"],
     ["xlstm_zoo.registry"],
     ["xlstm_zoo.config"],

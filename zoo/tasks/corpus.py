@@ -163,7 +163,7 @@ def _jsonl(file: Path, rel: str, text_field: str, policy: str, report: DecodeRep
 
 def _parquet(file: Path, rel: str, text_field: str, where: str) -> list[Document]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # optional: only .parquet corpora need it
     except ImportError:
         raise ConfigError(f"{rel}: reading .parquet needs the pyarrow package, which is not installed "
                           "(pip install pyarrow), or convert it to .jsonl", path=where) from None

@@ -122,8 +122,9 @@ class _Bar:
 
     def __enter__(self):
         if self.show:
+            # imported when a bar is shown: a cached or non-terminal run never loads rich here
             from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn  # as above
             self.progress = Progress(TextColumn("tokenizing"), BarColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                                      console=Console(stderr=True), transient=True)
             self.progress.start()

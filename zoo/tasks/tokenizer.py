@@ -31,7 +31,7 @@ INSTALL_HINT = "pip install tokenizers (or: pip install 'xlstm-zoo[hf]')"
 def import_tokenizers(what: str):
     """The ``tokenizers`` package, or a one-line error saying who needs it and how to install it."""
     try:
-        import tokenizers
+        import tokenizers  # optional (test extra / [hf]): only bpe and hf need it
     except ImportError:
         raise ConfigError(f"{what} needs the `tokenizers` package, which is not installed: {INSTALL_HINT}") from None
     return tokenizers

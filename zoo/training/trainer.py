@@ -204,7 +204,8 @@ class _Run:
     saved: int = 0                  # the step of the last checkpoint written
     parameters: list = field(default_factory=list)  # listed once for the gradient clipping
     last_loss: float = float("nan")
-    tokens_seen: int = 0
+    tokens_seen: int = 0            # trained by this launch
+    tokens_before: int = 0          # trained before a resume (metrics.jsonl's count at the checkpoint's step)
     train_seconds: float = 0.0      # in training steps only (evaluations and checkpoints left out): tokens/s
     step_started: float = 0.0
     progress: Any = None
@@ -234,6 +235,7 @@ class _Run:
         found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
         if found is not None:
             run.start, run.stopped = _resume(found, recipe, model, optimizer, log, ctx.world, task)
+            run.tokens_before = _logged_tokens(run_dir / METRICS, run.start)["tokens"]
         if run_dir is not None and ctx.is_main:
             write_task_files(task, run_dir)
         run.stopper = EarlyStopper(cfg.early_stop)
@@ -306,7 +308,7 @@ class _Run:
         self.train_seconds += time.perf_counter() - self.step_started
         if done % cfg.log_every == 0 or done == cfg.steps:
             self.write({"step": done, "split": "train", "loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
-                        "tokens": self.tokens_seen, "tokens_per_second": self.tokens_per_second()})
+                        "tokens": self.tokens_before + self.tokens_seen, "tokens_per_second": self.tokens_per_second()})
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             self.scores = {split: self.evaluate(split) for split in cfg.eval_splits}
             for split, metrics in self.scores.items():
@@ -351,7 +353,7 @@ class _Run:
             self.progress.remove_task(self.bar)
         result = _result(done, self.stopped, self.last_loss, final, self.model, self.ctx)
         if self.tokens_seen:  # this launch trained: its speed (a resumed run: since the resume)
-            result.update(train_tokens=self.tokens_seen, tokens_per_second=self.tokens_per_second())
+            result.update(train_tokens=self.tokens_before + self.tokens_seen, tokens_per_second=self.tokens_per_second())
         return result
 
 
@@ -464,7 +466,18 @@ def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: Di
              for split in cfg.eval_splits}
     losses = [r["loss"] for r in read_metrics(run_dir / METRICS)
               if r.get("split") == "train" and r.get("step", 0) <= step and "loss" in r]
-    return _result(step, stopped, losses[-1] if losses else None, final, model, ctx)
+    result = _result(step, stopped, losses[-1] if losses else None, final, model, ctx)
+    logged = _logged_tokens(run_dir / METRICS, step)
+    if logged["tokens"]:  # as the run reported them when it finished
+        result.update(train_tokens=logged["tokens"], tokens_per_second=logged["tokens_per_second"])
+    return result
+
+
+def _logged_tokens(path: Path, step: int) -> dict:
+    """The last training record's token count and speed at or before ``step`` (0 where none logged them)."""
+    last = [r for r in read_metrics(path) if r.get("split") == "train" and r.get("step", 0) <= step and "tokens" in r]
+    return {"tokens": last[-1]["tokens"], "tokens_per_second": last[-1].get("tokens_per_second")} if last else \
+        {"tokens": 0, "tokens_per_second": None}
 
 
 def _result(step: int, stopped: bool, last_loss, metrics: dict, model, ctx: DistContext) -> dict:
