@@ -1,6 +1,7 @@
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # read when a kernel is decorated, so it must be set before any kernel module is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Token caches (text_lm) go to a folder of this test session, never the user's ~/.cache.
+os.environ.setdefault("XLSTM_ZOO_CACHE", tempfile.mkdtemp(prefix="xlstm-zoo-test-cache-"))
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

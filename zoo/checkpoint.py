@@ -310,6 +310,11 @@ def saved_step(path: str | Path) -> int | None:
     return _read_state(path).get("step")
 
 
+def read_state(path: str | Path) -> dict:
+    """A checkpoint directory's state.json (step and what the trainer and task recorded), weights unread."""
+    return _read_state(Path(path))
+
+
 def load_checkpoint(path: str | Path, *, map_location="cpu") -> tuple[Any, torch.nn.Module, dict]:
     """``(recipe, model with the saved weights, the saved state)``; the state holds the step and
     whatever else was saved, and ``optimizer`` when an optimiser state was saved.

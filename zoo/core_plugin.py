@@ -22,11 +22,13 @@ from xlstm_zoo.plugins.contract import PLUGIN_API_VERSION
 from xlstm_zoo.plugins.hookspecs import hookimpl
 from xlstm_zoo.registry import tagged_components
 from xlstm_zoo.tasks import formal_cf, formal_cs, formal_regular, retrieval, text
+from xlstm_zoo.tasks import text_lm, tokenizer  # language modelling on text
 
 COMMAND_MODULES = (components, recipes, main_job, bench, plugins, doctor, export, pretrained)
 COMPONENT_MODULES = (lstm, slstm, mlstm, attention, mamba, gates, norms, plain, residual, pre_up, post_up, mlstm_7b, stacks,
                      lm, classifier, formal_regular, formal_cf, formal_cs, retrieval, text, tensorboard, mlflow, wandb)
 COMPONENT_MODULES += (rwkv, retention)  # the RWKV-4 and RetNet baselines
+COMPONENT_MODULES += (tokenizer, text_lm)
 
 
 def backend_config(name: str) -> type[ZooConfig]:

@@ -33,7 +33,7 @@ def set_loader(loader: Callable[["Registry"], Any] | None) -> None:
     _loader = loader
 
 
-KINDS = ("cell", "gate", "norm", "block", "stack", "model", "task", "backend", "logger")
+KINDS = ("cell", "gate", "norm", "block", "stack", "model", "task", "tokenizer", "backend", "logger")
 _TAG = "__zoo_component__"
 
 

@@ -231,3 +231,39 @@ def test_conformance_kit_checks_what_a_plugin_declares():
     check_sequence_module(Honest(), make, lambda x, t: x[:, t], extreme=None)
     with pytest.raises(ConformanceError, match="doc_starts"):
         check_sequence_module(Ignores(), make, lambda x, t: x[:, t], extreme=None)
+
+
+@pytest.mark.parametrize("name", ["models/xlstm_1_1", "models/llama", "models/mamba", "models/rwkv", "models/retnet"])
+def test_rows_without_inner_boundaries_are_batched_exactly(name):
+    """From the zero state (state None, as in training) rows whose only start is at 0, or none, run in one
+    batched call (packed.run_documents); mixed with a row of several documents, all equal running alone."""
+    model = build(name, torch.float64)
+    vocab = model.embedding.num_embeddings
+    g = torch.Generator().manual_seed(2)
+    starts = [[0], [], [0, 4, 17], []]
+    mask = torch.zeros(len(starts), T, dtype=torch.bool)
+    for row, s in enumerate(starts):
+        mask[row, s] = True
+    tokens = torch.randint(0, vocab, (len(starts), T), generator=g)
+    weights = torch.randn(len(starts), T, vocab, generator=g, dtype=torch.float64)
+    calls = []
+    block = model.stack.blocks[0]
+    block.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
+    model.zero_grad()
+    logits, final = model(tokens, None, doc_starts=mask)
+    (logits * weights).sum().backward()
+    assert calls[0] == 3, f"three plain rows batched into one call, got first call of {calls[0]} rows"
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    for row, s in enumerate(starts):
+        edges = sorted({0, *s})
+        state = None
+        for a, b in zip(edges, edges[1:] + [T]):
+            out, state = model(tokens[row:row + 1, a:b], None)
+            (out * weights[row:row + 1, a:b]).sum().backward()
+            close(logits[row:row + 1, a:b].detach(), out.detach(), f"{name}: row {row} logits")
+        for i, (x, y) in enumerate(zip(flat(select_rows(final, slice(row, row + 1))), flat(state))):
+            close(x.detach(), y.detach(), f"{name}: row {row} final state tensor {i}")
+    for n, p in model.named_parameters():
+        if n in packed_grads:
+            close(packed_grads[n], p.grad, f"{name}: grad {n}")

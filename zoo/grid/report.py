@@ -72,6 +72,7 @@ class Report:
     has_paper: bool
     curves: list[Curve] = field(default_factory=list)
     column_label: str | None = None  # what the columns are (report.columns, e.g. task.type), for plot titles
+    runs: dict[str, list[dict]] = field(default_factory=dict)  # row -> finished results (sizes and speed)
 
     def markdown(self) -> str:
         head = ["", *self.columns]
@@ -85,7 +86,22 @@ class Report:
                   for error in g.failed]
         if failed:  # why each failed cell has no number, not only how many
             lines += ["", f"Failed cells ({len(failed)}):", ""] + [f"- {error}" for error in failed]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + self._run_facts()) + "\n"
+
+    def _run_facts(self) -> list[str]:
+        """Sizes and training speed per row (means over its finished cells), where the results have them
+        (language-model tasks report tokens per second)."""
+        rows = [r for r in self.rows if any("tokens_per_second" in x for x in self.runs.get(r, []))]
+        if not rows:
+            return []
+        lines = ["", "| row | non-embedding parameters | FLOPs/token | training tokens | tokens/s |", "|---|---|---|---|---|"]
+        for row in rows:
+            done = [x for x in self.runs[row] if "tokens_per_second" in x]
+            mean = {k: sum(x.get(k, 0) for x in done) / len(done)
+                    for k in ("non_embedding_parameters", "flops_per_token", "train_tokens", "tokens_per_second")}
+            lines.append(f"| {row} | {mean['non_embedding_parameters']:,.0f} | {mean['flops_per_token']:,.0f} | "
+                         f"{mean['train_tokens']:,.0f} | {mean['tokens_per_second']:,.0f} |")
+        return lines
 
     def _cell(self, g: Group | None) -> str:
         if g is None:
@@ -153,7 +169,7 @@ def build_report(run_dir: str | Path) -> Report:
     manifest = read_manifest(run_dir)
     cfg = ReportConfig.model_validate(manifest["report"])
     extra = _varying(manifest["cells"], (cfg.rows, cfg.columns))
-    rows, columns, groups, logged = [], [], {}, {}
+    rows, columns, groups, logged, runs = [], [], {}, {}, {}
     for cell in manifest["cells"]:
         row, column = _row(cell["labels"], cfg.rows, extra), _label(cell["labels"], cfg.columns)
         rows += [row] if row not in rows else []
@@ -176,13 +192,14 @@ def build_report(run_dir: str | Path) -> Report:
                 raise ConfigError(f"metric {cfg.metric!r} on split {cfg.split!r} is not in the results "
                                   f"(available: {', '.join(known)})", path="report")
             group.values.append(float(metrics[cfg.metric]))
+            runs.setdefault(row, []).append(result)
     if cfg.paper is not None:
         _add_paper(cfg.paper, groups)
     curves = [curve for (row, column), runs in logged.items()
               for name in ("train/loss", f"{cfg.split}/{cfg.metric}")
               if (curve := _curve(row, column, name, runs)) is not None]
     return Report(manifest.get("name") or run_dir.name, cfg.metric, cfg.split, rows, columns, groups,
-                  cfg.paper is not None, curves, cfg.columns)
+                  cfg.paper is not None, curves, cfg.columns, runs)
 
 
 def _curve(row: str, column: str, name: str, runs: list[list[dict]]) -> Curve | None:

@@ -32,13 +32,20 @@ SPLITS = ("train", "valid", "test")
 class Batch:
     tokens: torch.Tensor   # [B, T] long
     targets: torch.Tensor  # [B, T] long, IGNORE where not scored
+    doc_starts: torch.Tensor | None = None  # [B, T] bool: packed rows' document starts (see xlstm_zoo.packed)
 
-    def to(self, device) -> "Batch":
-        return Batch(self.tokens.to(device), self.targets.to(device))
+    def to(self, device, copy: bool = False) -> "Batch":
+        starts = None if self.doc_starts is None else self.doc_starts.to(device, copy=copy)
+        return Batch(self.tokens.to(device, copy=copy), self.targets.to(device, copy=copy), starts)
 
     def rows(self, start: int, stop: int) -> "Batch":
         """Rows ``start:stop`` (one data-parallel process's share, or one micro-batch)."""
-        return Batch(self.tokens[start:stop], self.targets[start:stop])
+        starts = None if self.doc_starts is None else self.doc_starts[start:stop]
+        return Batch(self.tokens[start:stop], self.targets[start:stop], starts)
+
+    def model_inputs(self) -> dict:
+        """Keyword arguments of the model call besides the tokens."""
+        return {} if self.doc_starts is None else {"doc_starts": self.doc_starts}
 
 
 class Task:
@@ -51,6 +58,11 @@ class Task:
 
     def eval_batches(self, split: str) -> Iterable[Batch]:
         raise NotImplementedError
+
+    def train_batch(self, step: int, batch_size: int, seed: int, generator: torch.Generator) -> Batch:
+        """Training step ``step``'s batch (``generator`` is seeded from (seed, step)); a task that walks
+        its data in epochs uses ``step`` and ``seed`` directly. Default: a batch drawn from the generator."""
+        return self.batch("train", batch_size, generator)
 
     def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Mean cross-entropy over scored positions (what the trainer minimises)."""

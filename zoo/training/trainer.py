@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from xlstm_zoo.checkpoint import STATE, find_checkpoint, load_checkpoint, save_checkpoint
+from xlstm_zoo.checkpoint import STATE, atomic_write, find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, WriteError, ZooError
 from xlstm_zoo.initialization import KEEP, parameter_roles
@@ -31,6 +31,7 @@ from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
 from xlstm_zoo.training import signals
 from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
+from xlstm_zoo.training.counts import parameter_counts
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
 from xlstm_zoo.training.preflight import check_device, probe_failed_plugins
 from xlstm_zoo.training.resume import between_steps, check_implementations, restore_between_steps
@@ -142,7 +143,7 @@ def evaluate(model, task: Task, split: str, *, device="cpu", precision="fp32",
             if i % ctx.world != ctx.rank:
                 continue
             batch = batch.to(device)
-            logits, _ = model(batch.tokens)
+            logits, _ = model(batch.tokens, **batch.model_inputs())
             parts.append(task.score(logits.float(), batch))
     model.train(was_training)
     return task.summarize(reduce_scores(merge_scores(parts), ctx))
@@ -224,7 +225,10 @@ class _Run:
     saved: int = 0                  # the step of the last checkpoint written
     parameters: list = field(default_factory=list)  # listed once for the gradient clipping
     last_loss: float = float("nan")
-    tokens_seen: int = 0
+    tokens_seen: int = 0            # trained by this launch
+    tokens_before: int = 0          # trained before a resume (metrics.jsonl's count at the checkpoint's step)
+    train_seconds: float = 0.0      # in training steps only (evaluations and checkpoints left out): tokens/s
+    step_started: float = 0.0
     progress: Any = None
     bar: Any = None
     t0: float = 0.0
@@ -253,9 +257,13 @@ class _Run:
         found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
         run.stopper = EarlyStopper(cfg.early_stop)
         if found is not None:
-            run.start, run.stopped = _resume(found, recipe, model, optimizer, run.stopper, device, log, ctx.world)
+            run.start, run.stopped = _resume(found, recipe, model, optimizer, run.stopper, device, log, ctx.world,
+                                             task)
+            run.tokens_before = _logged_tokens(run_dir / METRICS, run.start)["tokens"]
         else:  # lines of a run killed before its first checkpoint: trained again from step 0, logged once
             log.restart()
+        if run_dir is not None and ctx.is_main:
+            write_task_files(task, run_dir)
         run.safe = run.saved = run.start
         ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
         # listed once: model.parameters() walks every submodule each time
@@ -291,11 +299,12 @@ class _Run:
         cfg = self.cfg
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        batch = self.task.batch("train", cfg.batch_size, _step_generator(cfg.seed, step)).to(self.device)
+        self.step_started = time.perf_counter()
+        batch = self.task.train_batch(step, cfg.batch_size, cfg.seed, _step_generator(cfg.seed, step)).to(self.device)
         plain = not self.ctx.distributed and cfg.micro_batches == 1  # the plain loop: mean loss of the whole batch
         if plain:
             with _autocast(self.device, cfg.precision):
-                logits, _ = self.model(batch.tokens)
+                logits, _ = self.model(batch.tokens, **batch.model_inputs())
             loss = self.task.loss(logits.float(), batch)
         else:
             self.optimizer.zero_grad(set_to_none=True)
@@ -321,8 +330,10 @@ class _Run:
         cfg = self.cfg
         self.last_loss = loss
         self.tokens_seen += tokens
+        self.train_seconds += time.perf_counter() - self.step_started
         if done % cfg.log_every == 0 or done == cfg.steps:
-            self.write({"step": done, "split": "train", "loss": loss, "lr": self.optimizer.param_groups[0]["lr"]})
+            self.write({"step": done, "split": "train", "loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+                        "tokens": self.tokens_before + self.tokens_seen, "tokens_per_second": self.tokens_per_second()})
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             self.scores = {split: self.evaluate(split) for split in cfg.eval_splits}
             for split, metrics in self.scores.items():
@@ -334,6 +345,10 @@ class _Run:
             rate = self.tokens_seen / max(time.perf_counter() - self.t0, 1e-9)
             self.progress.update(self.bar, completed=done, info=f"loss {loss:.3f}  {rate:,.0f} tok/s")
 
+    def tokens_per_second(self) -> float:
+        """Training tokens per second of this process's steps so far (evaluations and checkpoints left out)."""
+        return round(self.tokens_seen / max(self.train_seconds, 1e-9), 1)
+
     def evaluate(self, split: str) -> dict[str, float]:
         return evaluate(self.model, self.task, split, device=self.device, precision=self.cfg.precision, ctx=self.ctx)
 
@@ -342,7 +357,8 @@ class _Run:
             try:
                 save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
                                 optimizer=self.optimizer.state_dict(), step=step,
-                                **between_steps(self.stopper, self.device, self.recipe), **state)
+                                **between_steps(self.stopper, self.device, self.recipe), **task_state(self.task),
+                                **state)
             except OSError as err:  # a full disk: the save wrote into a temporary directory, now removed
                 kept = f"the checkpoint of step {self.saved} is kept" if self.saved else "no checkpoint was written yet"
                 raise WriteError.of(self.run_dir / CHECKPOINT, err, kept) from None
@@ -367,7 +383,21 @@ class _Run:
         if self.bar is not None:
             self.progress.remove_task(self.bar)
         check_finite(final, done)
-        return _result(done, self.stopped, self.last_loss, final, self.model, self.ctx)
+        result = _result(done, self.stopped, self.last_loss, final, self.model, self.ctx)
+        if self.tokens_seen:  # this launch trained: its speed (a resumed run: since the resume)
+            result.update(train_tokens=self.tokens_before + self.tokens_seen, tokens_per_second=self.tokens_per_second())
+        return result
+
+
+def write_task_files(task: Task, run_dir: Path) -> None:
+    """A task's files for the run directory (text_lm: tokenizer.json), written atomically."""
+    for name, text in getattr(task, "run_files", dict)().items():
+        atomic_write(run_dir / name, lambda f, text=text: f.write(text.encode()))
+
+
+def task_state(task: Task) -> dict:
+    """What a task adds to every checkpoint's state.json (text_lm: its tokenizer)."""
+    return getattr(task, "checkpoint_state", dict)()
 
 
 def _build_loggers(cfg, run_dir: Path | None) -> list:
@@ -392,7 +422,7 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
         sync = forward.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
         with sync:
             with _autocast(device, cfg.precision):
-                logits, _ = forward(part.tokens)
+                logits, _ = forward(part.tokens, **part.model_inputs())
             part_sum = task.loss_sum(logits.float(), part)
             (part_sum / scored).backward()
         total = total + part_sum.detach()
@@ -400,10 +430,13 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
 
 
 def _resume(path: Path, recipe, model, optimizer, stopper: EarlyStopper, device: str, log: MetricsLog,
-            world: int = 1) -> tuple[int, bool]:
+            world: int = 1, task: Task | None = None) -> tuple[int, bool]:
     """Load the checkpoint at ``path`` into ``model``, ``optimizer``, ``stopper`` (its streak) and the random
-    generators; returns its step and whether the run had stopped early. Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or
-    early-stopped run, left as it is)."""
+    generators (a task with checkpoint state checks it first: e.g. its tokenizer); returns its step and
+    whether the run had stopped early. Everything is checked before metrics.jsonl is cut back to that step
+    (or, for a finished or early-stopped run, left as it is)."""
+    if task is not None and hasattr(task, "check_checkpoint_state") and path.is_dir():
+        task.check_checkpoint_state(read_state(path), path)  # e.g. another tokenizer: refused before the weights are read
     saved_recipe, saved_model, extra = load_checkpoint(path)
     if meaning(saved_recipe) != meaning(recipe):
         raise ConfigError(f"{path} was written by a different recipe; move it away to start afresh "
@@ -445,11 +478,22 @@ def _finished_result(run_dir: Path, cfg, model, task: Task, device: str, ctx: Di
     check_finite(final, step)
     losses = [r["loss"] for r in read_metrics(run_dir / METRICS)
               if r.get("split") == "train" and r.get("step", 0) <= step and "loss" in r]
-    return _result(step, stopped, losses[-1] if losses else None, final, model, ctx)
+    result = _result(step, stopped, losses[-1] if losses else None, final, model, ctx)
+    logged = _logged_tokens(run_dir / METRICS, step)
+    if logged["tokens"]:  # as the run reported them when it finished
+        result.update(train_tokens=logged["tokens"], tokens_per_second=logged["tokens_per_second"])
+    return result
+
+
+def _logged_tokens(path: Path, step: int) -> dict:
+    """The last training record's token count and speed at or before ``step`` (0 where none logged them)."""
+    last = [r for r in read_metrics(path) if r.get("split") == "train" and r.get("step", 0) <= step and "tokens" in r]
+    return {"tokens": last[-1]["tokens"], "tokens_per_second": last[-1].get("tokens_per_second")} if last else \
+        {"tokens": 0, "tokens_per_second": None}
 
 
 def _result(step: int, stopped: bool, last_loss, metrics: dict, model, ctx: DistContext) -> dict:
     """What a training run returns (and the grid records): where it ended, its last training loss, the
     final metrics per split."""
     return {"steps": step, **({"stopped_early": True} if stopped else {}), "final_train_loss": last_loss,
-            "metrics": metrics, "parameters": sum(p.numel() for p in model.parameters()), "world_size": ctx.world}
+            "metrics": metrics, **parameter_counts(model), "world_size": ctx.world}
