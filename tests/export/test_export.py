@@ -266,6 +266,7 @@ def test_attention_and_mamba_blocks_export_and_match_over_300_steps(tmp_path):
     assert result.report.trt.ok, result.report.trt.summary()
 
 
+@pytest.mark.slow  # a 300-step validation of four block kinds (about 20 s)
 def test_reset_input_restarts_rows_and_matches_pytorch_over_300_steps(tmp_path):
     """``reset=True`` (issue 47): the step takes ``reset [batch]``; rows where it is true restart from the zero
     state (sLSTM's m at -inf, conv windows, the attention cache and position). Validated over 300 steps

@@ -130,7 +130,8 @@ def _parity_grid(tmp_path, steps: int) -> Path:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc (Linux)")
-@pytest.mark.parametrize("target", ["group", pytest.param("driver", marks=pytest.mark.slow)])
+@pytest.mark.slow  # about 28 s each: the default tier keeps train's SIGTERM test (test_sigterm.py)
+@pytest.mark.parametrize("target", ["group", "driver"])
 def test_sigterm_stops_every_worker_and_the_rerun_logs_each_step_once(tmp_path, target):
     # group: what `timeout`, `docker stop` and batch schedulers send; driver: `kill PID` of the grid alone,
     # which the driver passes on to its workers. Either way each cell checkpoints its last whole step.
