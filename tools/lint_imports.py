@@ -3,8 +3,8 @@
 import-linter finds a package's modules by walking the folder it is imported from, but
 ``xlstm_zoo`` is spread over several folders by the ``package-dir`` mapping (``zoo/`` holds
 ``xlstm_zoo``, ``backends/`` holds ``xlstm_zoo.backends``, ...), so it would see only ``zoo/``.
-This script copies the package's modules into one folder laid out as installed (the same
-mapping :mod:`tools.import_graph` reads) and runs ``lint-imports`` there::
+This script copies the package's modules into one folder laid out as installed (the mapping
+:mod:`package_modules` reads) and runs ``lint-imports`` there::
 
     python tools/lint_imports.py      # exit status 0: the contract holds
 """
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from import_graph import find_modules  # noqa: E402  (a sibling script, not an installed module)
+from package_modules import find_modules  # noqa: E402  (a sibling script, not an installed module)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -41,7 +41,7 @@ from xlstm_zoo import allocator
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.bench.cases import BaselineUnavailable, Case, Prepared, Scale
 from xlstm_zoo.checkpoint import atomic_write
-from xlstm_zoo.grid.runner import progress_columns
+from xlstm_zoo.progress import progress_columns
 
 PROC_STATUS = "/proc/self/status"
 PROC_CLEAR_REFS = "/proc/self/clear_refs"

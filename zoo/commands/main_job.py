@@ -21,10 +21,10 @@ from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
 from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
-from xlstm_zoo.grid.runner import (LocalExecutor, UnreadableResult, cell_states, progress_columns, read_result,
-                                   run_grid)
+from xlstm_zoo.grid.runner import (LocalExecutor, UnreadableResult, cell_states, read_result, run_grid)
 from xlstm_zoo.loggers.base import build_loggers
 from xlstm_zoo.plugins import configure
+from xlstm_zoo.progress import progress_columns
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.registry import Command
 from xlstm_zoo.training.distributed import DistContext, check_split, run_torchrun

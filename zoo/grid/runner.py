@@ -40,12 +40,13 @@ from typing import Any, Callable
 import torch
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress
 
 from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, json_text, make_run_dir, saved_step
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
+from xlstm_zoo.progress import progress_columns
 from xlstm_zoo.recipe import load_recipe
 from xlstm_zoo.training.distributed import check_split, run_torchrun
 from xlstm_zoo.training import signals
@@ -154,12 +155,6 @@ def grid_manifest(recipe, cells: list[Cell]) -> dict:
         "cells": [{"id": c.id, "labels": c.labels, "overrides": c.overrides, "digest": c.digest,
                    "error": c.error} for c in cells],
     }
-
-
-def progress_columns() -> list:
-    """Progress-bar layout shared by `train` and `grid`: description, bar, count, loss/rate, times."""
-    return [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TimeRemainingColumn()]
 
 
 def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None,
