@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from xlstm_zoo.bench import cases as bench_cases
+from xlstm_zoo.bench import mlstm_op_cases
 from xlstm_zoo.bench import runner
 from xlstm_zoo.bench.cases import SMOKE, BaselineUnavailable, Case, Prepared
 
@@ -180,7 +181,7 @@ def test_quadratic_baseline_skipped_beyond_the_limit():
     (case,) = [c for c in bench_cases.make_cases(scale) if c.name.startswith("sweep/mlstm/")]
     with pytest.raises(BaselineUnavailable, match=r"skipped: quadratic memory"):
         case.baseline()
-    assert bench_cases.parallel_bytes(1, 4, 8192) > 4 * 2**30 > bench_cases.parallel_bytes(1, 4, 4096)
+    assert mlstm_op_cases.parallel_bytes(1, 4, 8192) > 4 * 2**30 > mlstm_op_cases.parallel_bytes(1, 4, 4096)
 
 
 def test_missing_official_packages(monkeypatch):
@@ -230,14 +231,14 @@ def test_linear_growth_cases_compare_equal_token_counts():
     cases = {c.name: c for c in bench_cases.make_cases(scale) if c.name.startswith("sweep/linear/")}
     assert sorted(cases) == ["sweep/linear/T=64", "sweep/linear/T=96"]  # only T > ref, multiples of ref
     calls = []
-    real = bench_cases._op_callable
+    real = mlstm_op_cases._op_callable
 
     def recording(op, tensors, backward):
         fn = real(op, tensors, backward)
         return lambda: (calls.append(tensors[0].clone()), fn())
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bench_cases, "_op_callable", recording)
+        mp.setattr(mlstm_op_cases, "_op_callable", recording)
         case = cases["sweep/linear/T=96"]
         case.ours().fn()
         case.baseline().fn()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from xlstm_zoo.bench.case import Case, Prepared, Scale, count
 from xlstm_zoo.recipe import build, load_recipe
 
 DOCUMENTS_PER_ROW = 8
@@ -32,8 +33,7 @@ def _train_step(model, tokens, doc_starts):
     return fn
 
 
-def packed_cases(scale, prepared, case) -> list:
-    """``prepared``/``case``: the ``Prepared`` and ``Case`` classes of xlstm_zoo.bench.cases."""
+def packed_cases(scale: Scale) -> list[Case]:
     out = []
     for recipe, label in PACKED_MODELS:
         def side(packed: bool, recipe=recipe):
@@ -43,9 +43,9 @@ def packed_cases(scale, prepared, case) -> list:
             tokens = torch.randint(0, model.embedding.num_embeddings, (scale.batch, scale.seq_len), generator=g)
             starts = document_starts(scale.batch, scale.seq_len, scale.seed) if packed else None
             note = f"{DOCUMENTS_PER_ROW} documents per row" if packed else "one document per row"
-            return prepared(_train_step(model, tokens, starts), sum(p.numel() for p in model.parameters()), note)
+            return Prepared(_train_step(model, tokens, starts), count(model), note)
 
-        out.append(case(name=f"packed/{recipe}", group="packed rows: training step, packed vs the same tokens",
+        out.append(Case(name=f"packed/{recipe}", group="packed rows: training step, packed vs the same tokens",
                         shapes=f"B={scale.batch} T={scale.seq_len} dim={scale.dim}, {DOCUMENTS_PER_ROW} documents a row",
                         ours=lambda side=side: side(True), baseline=lambda side=side: side(False),
                         baseline_name="unpacked"))

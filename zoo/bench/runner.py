@@ -39,7 +39,7 @@ from rich.table import Column, Table
 
 from xlstm_zoo import allocator
 from xlstm_zoo.backends.dispatch import ENV_FORCE
-from xlstm_zoo.bench.cases import BaselineUnavailable, Case, Prepared, Scale
+from xlstm_zoo.bench.case import BaselineUnavailable, Case, Prepared, Scale
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.progress import progress_columns
 
