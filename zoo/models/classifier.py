@@ -14,6 +14,7 @@ from torch import nn
 from xlstm_zoo import packed
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
+from xlstm_zoo.models.stack_model import StackModel
 from xlstm_zoo.models.tokens import embed_tokens
 from xlstm_zoo.registry import component
 from xlstm_zoo.stacks import XLSTMStackConfig
@@ -37,7 +38,7 @@ class ClassifierConfig(ZooConfig):
 
 
 @component("model", "classifier", config=ClassifierConfig, description="sequence classifier (last/mean pooling) or per-token tagger")
-class Classifier(nn.Module):
+class Classifier(StackModel):
     def __init__(self, config: ClassifierConfig, ctx: BuildContext | None = None):
         super().__init__()
         ctx = BuildContext(dim=config.dim, path=ctx.path if ctx else "model")
@@ -47,13 +48,6 @@ class Classifier(nn.Module):
         self.stack = build(config.stack, ctx.at("stack"), "stack")
         self.head = nn.Linear(config.dim, config.num_classes)
         initialize(self, config.init, dim=config.dim, num_blocks=count_blocks(self.stack), tied=False)
-
-    step_output = "logits"  # for export: the step's output is named logits
-
-    @property
-    def state_blocks(self) -> nn.ModuleList:
-        """For export's state names: the stack's blocks, which the state tuple follows."""
-        return getattr(self.stack, "state_blocks", None)
 
     @property
     def step_input(self) -> tuple[str, int]:
@@ -65,9 +59,6 @@ class Classifier(nn.Module):
     @property
     def init_roles(self) -> dict[str, str]:
         return {"head.weight": "head"}
-
-    def init_state(self, batch: int, device=None) -> tuple:
-        return self.stack.init_state(batch, device or self.head.weight.device)
 
     def forward(self, x: torch.Tensor, state: tuple | None = None, *, doc_starts: torch.Tensor | None = None,
                 cu_seqlens=None):

@@ -15,6 +15,7 @@ from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.errors import InputError
 from xlstm_zoo.initialization import InitConfig, count_blocks, initialize
 from xlstm_zoo.layers import Linear
+from xlstm_zoo.models.stack_model import StackModel
 from xlstm_zoo.models.tokens import check_generation, check_token_ids, embed_tokens
 from xlstm_zoo.norms import NoNormConfig
 from xlstm_zoo.registry import component
@@ -35,7 +36,7 @@ class CausalLMConfig(ZooConfig):
 
 
 @component("model", "causal_lm", config=CausalLMConfig, description="causal language model with stateful step-wise generation")
-class CausalLM(nn.Module):
+class CausalLM(StackModel):
     def __init__(self, config: CausalLMConfig, ctx: BuildContext | None = None):
         super().__init__()
         ctx = BuildContext(dim=config.dim, path=ctx.path if ctx else "model")
@@ -52,13 +53,6 @@ class CausalLM(nn.Module):
             self.head.weight = self.embedding.weight
         initialize(self, config.init, dim=config.dim, num_blocks=count_blocks(self.stack), tied=config.tie_weights)
 
-    step_output = "logits"  # for export: the step's output is named logits
-
-    @property
-    def state_blocks(self) -> nn.ModuleList:
-        """For export's state names: the stack's blocks, which the state tuple follows."""
-        return getattr(self.stack, "state_blocks", None)
-
     @property
     def step_input(self) -> tuple[str, int]:
         """What ``step`` takes, for export: ``("token", vocab_size)`` (ids ``[B]``)."""
@@ -67,9 +61,6 @@ class CausalLM(nn.Module):
     @property
     def init_roles(self) -> dict[str, str]:
         return {"embedding.weight": "embedding", **({} if self.config.tie_weights else {"head.weight": "head"})}
-
-    def init_state(self, batch: int, device=None) -> tuple:
-        return self.stack.init_state(batch, device or self.embedding.weight.device)
 
     def forward(self, tokens: torch.Tensor, state: tuple | None = None, *, doc_starts: torch.Tensor | None = None,
                 cu_seqlens=None):
