@@ -8,6 +8,7 @@ metrics.jsonl stays the source of truth: a logger gets exactly its records (even
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import warnings
@@ -106,9 +107,15 @@ class Logger:
         """``status``: ``finished``, ``failed`` or ``interrupted``."""
 
 
-def missing_package(logger: str, package: str, extra: str) -> ConfigError:
-    return ConfigError(f"logger {logger!r} needs the {package} package, which is not installed: "
-                       f"pip install 'xlstm-zoo[{extra}]'", path="train.report_to")
+def require(module: str, logger: str, *, package: str | None = None):
+    """``import module`` for a logger whose backend is an optional dependency (imported when the logger is
+    built, so a missing package is a one-line error naming the extra before training starts)."""
+    package = package or module.split(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"logger {logger!r} needs the {package} package, which is not installed: "
+                          f"pip install 'xlstm-zoo[{package}]'", path="train.report_to") from None
 
 
 def build_loggers(specs: list[BaseModel]) -> list[Logger]:

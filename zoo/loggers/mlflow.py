@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import Field
 
 from xlstm_zoo.config import ZooConfig
-from xlstm_zoo.loggers.base import Logger, RunInfo, missing_package
+from xlstm_zoo.loggers.base import Logger, RunInfo, require
 from xlstm_zoo.registry import component
 
 STORE = "mlflow.db"
@@ -45,12 +45,9 @@ class MLflowLogger(Logger):
     name = "mlflow"
 
     def __init__(self, config: MLflowConfig):
-        try:  # optional dependency (the mlflow extra)
-            from mlflow import MlflowClient
-            from mlflow.entities import Metric, Param
-        except ImportError:
-            raise missing_package("mlflow", "mlflow", "mlflow") from None
-        self.config, self._client_class, self._metric, self._param = config, MlflowClient, Metric, Param
+        mlflow, entities = require("mlflow", self.name), require("mlflow.entities", self.name)
+        self.config, self._client_class = config, mlflow.MlflowClient
+        self._metric, self._param = entities.Metric, entities.Param
         for name, value in BOUNDED_REQUESTS.items():  # the user's own settings win
             os.environ.setdefault(name, value)
         self.client, self.run_id = None, None

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from xlstm_zoo.config import ZooConfig
-from xlstm_zoo.loggers.base import Logger, RunInfo, missing_package
+from xlstm_zoo.loggers.base import Logger, RunInfo, require
 from xlstm_zoo.registry import component
 
 LOG_DIR = "tensorboard"
@@ -25,12 +25,10 @@ class TensorBoardLogger(Logger):
     name = "tensorboard"
 
     def __init__(self, config: TensorBoardConfig):
-        try:  # optional dependency (the tensorboard extra); torch's writer needs the tensorboard package
-            from torch.utils.tensorboard import SummaryWriter
-            from torch.utils.tensorboard.summary import hparams
-        except ImportError:
-            raise missing_package("tensorboard", "tensorboard", "tensorboard") from None
-        self._writer_class, self._hparams, self.writer = SummaryWriter, hparams, None
+        # torch's writer needs the tensorboard package (the tensorboard extra)
+        summary = require("torch.utils.tensorboard.summary", self.name, package="tensorboard")
+        writer = require("torch.utils.tensorboard", self.name, package="tensorboard")
+        self._writer_class, self._hparams, self.writer = writer.SummaryWriter, summary.hparams, None
 
     def open(self, run: RunInfo) -> None:
         _check_writable(run.run_dir / LOG_DIR)  # here, not as a traceback from the writer's thread

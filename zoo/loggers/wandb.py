@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from xlstm_zoo.config import ZooConfig
-from xlstm_zoo.loggers.base import Logger, RunInfo, missing_package
+from xlstm_zoo.loggers.base import Logger, RunInfo, require
 from xlstm_zoo.registry import component
 
 STEP = "step"  # the x axis: the trainer's step (W&B's own counter only grows, and a resumed run replays steps)
@@ -27,11 +27,7 @@ class WandbLogger(Logger):
     name = "wandb"
 
     def __init__(self, config: WandbConfig):
-        try:  # optional dependency (the wandb extra)
-            import wandb
-        except ImportError:
-            raise missing_package("wandb", "wandb", "wandb") from None
-        self.config, self._wandb, self.run = config, wandb, None
+        self.config, self._wandb, self.run = config, require("wandb", self.name), None
 
     def open(self, run: RunInfo) -> None:
         wandb = self._wandb
