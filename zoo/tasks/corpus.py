@@ -21,6 +21,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from xlstm_zoo.errors import ConfigError
 
@@ -112,7 +113,30 @@ def read_documents(path: str | None, *, pattern: str | None = None, exclude_dirs
     """The corpus's non-empty documents, in order, up to ``max_bytes`` of UTF-8 text (whole documents)."""
     exclude = DEFAULT_EXCLUDE if exclude_dirs is None else exclude_dirs
     root, files = list_files(path, pattern, exclude, where)
-    docs, report, total = [], DecodeReport(), 0
+    report = DecodeReport()
+    docs = collect(_file_documents(root, files, text_field, decode_errors, report, where), max_bytes)
+    if not docs:
+        shown = "the standard library" if path is None else repr(path)
+        raise ConfigError(f"corpus {shown} is empty: {len(files)} file(s), no non-empty document"
+                          + (f" ({report.line()})" if report.line() else ""), path=where)
+    return docs, report
+
+
+def collect(documents: Iterable[Document], max_bytes: int | None) -> list[Document]:
+    """The non-empty documents, in order, until ``max_bytes`` of UTF-8 text is reached (whole documents)."""
+    docs, total = [], 0
+    for doc in documents:
+        if not doc.text:
+            continue
+        docs.append(doc)
+        total += len(doc.text.encode("utf-8", "surrogatepass"))
+        if max_bytes is not None and total >= max_bytes:
+            break
+    return docs
+
+
+def _file_documents(root: Path, files: list[Path], text_field: str, decode_errors: str, report: DecodeReport,
+                    where: str) -> Iterator[Document]:
     for file in files:
         rel = file.relative_to(root).as_posix() if file != root else file.name
         try:
@@ -125,18 +149,7 @@ def read_documents(path: str | None, *, pattern: str | None = None, exclude_dirs
                 records = [] if text is None else [Document(rel, text)]
         except OSError as err:
             raise ConfigError(f"cannot read corpus file {str(file)!r}: {err.strerror or err}", path=where) from None
-        for doc in records:
-            if not doc.text:
-                continue
-            docs.append(doc)
-            total += len(doc.text.encode("utf-8", "surrogatepass"))
-            if max_bytes is not None and total >= max_bytes:
-                return docs, report
-    if not docs:
-        shown = "the standard library" if path is None else repr(path)
-        raise ConfigError(f"corpus {shown} is empty: {len(files)} file(s), no non-empty document"
-                          + (f" ({report.line()})" if report.line() else ""), path=where)
-    return docs, report
+        yield from records
 
 
 def _jsonl(file: Path, rel: str, text_field: str, policy: str, report: DecodeReport, where: str) -> list[Document]:

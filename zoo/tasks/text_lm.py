@@ -26,13 +26,14 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build as build_component
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.registry import component
 from xlstm_zoo.tasks.base import IGNORE, Batch, Task, check_split
-from xlstm_zoo.tasks.corpus import Document, read_documents
+from xlstm_zoo.tasks.corpus import DecodeReport, Document, collect, read_documents
+from xlstm_zoo.tasks.hf_dataset import HFDatasetConfig, dataset_documents
 from xlstm_zoo.tasks.text import held_out
 from xlstm_zoo.tasks.token_cache import default_cache_dir, token_streams
 from xlstm_zoo.tasks.tokenizer import BytesTokenizerConfig
@@ -45,7 +46,9 @@ class TextLMConfig(ZooConfig):
     glob: str | None = Field(None, description="file-name pattern in a folder (null: * for a folder, *.py for the default)")
     exclude_dirs: list[str] | None = Field(None, description="folder names skipped at any depth (null: site-packages, "
                                                              "dist-packages, __pycache__, test, tests, idle_test)")
-    text_field: str = Field("text", description="the text field of .jsonl records and .parquet rows")
+    dataset: HFDatasetConfig | None = Field(None, description="Hugging Face datasets instead of path: a save_to_disk "
+                                            "directory or load_dataset arguments with local data_files")
+    text_field: str = Field("text", description="the text field of .jsonl records, .parquet rows and dataset records")
     decode_errors: Literal["error", "replace", "skip"] = Field(
         "error", description="undecodable UTF-8: error (name the file), replace (U+FFFD, counted), skip (counted)")
     max_bytes: int | None = Field(None, ge=1, description="stop reading after this much text (whole documents; null: all)")
@@ -60,6 +63,16 @@ class TextLMConfig(ZooConfig):
     cache_dir: str | None = Field(None, description="token cache folder (null: $XLSTM_ZOO_CACHE/tokens or "
                                                     "~/.cache/xlstm-zoo/tokens)")
     progress: bool = Field(True, description="progress bar while tokenizing (on a terminal)")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.dataset is not None and (self.path is not None or self.glob is not None):
+            raise ValueError("give path (files) or dataset (Hugging Face datasets), not both")
+        return self
+
+    def source(self) -> str:
+        """The corpus as error messages name it."""
+        return f"dataset {self.dataset.path!r}" if self.dataset is not None else f"corpus {self.path or 'stdlib'!r}"
 
 
 def split_documents(docs: list[Document], valid_fraction: float) -> tuple[list[Document], list[Document]]:
@@ -86,9 +99,16 @@ class TextLM(Task):
     def __init__(self, config: TextLMConfig, ctx=None):
         self.config = config
         where = getattr(ctx, "path", None) or "task"
-        docs, self.decode_report = read_documents(
-            config.path, pattern=config.glob, exclude_dirs=config.exclude_dirs, text_field=config.text_field,
-            decode_errors=config.decode_errors, max_bytes=config.max_bytes, where=f"{where}.path")
+        if config.dataset is not None:
+            docs, self.decode_report = collect(dataset_documents(config.dataset, config.text_field, f"{where}.dataset"),
+                                               config.max_bytes), DecodeReport()
+            if not docs:
+                raise ConfigError(f"{config.source()} is empty: no record with text in field "
+                                  f"{config.text_field!r}", path=f"{where}.dataset")
+        else:
+            docs, self.decode_report = read_documents(
+                config.path, pattern=config.glob, exclude_dirs=config.exclude_dirs, text_field=config.text_field,
+                decode_errors=config.decode_errors, max_bytes=config.max_bytes, where=f"{where}.path")
         self.train_docs, self.held_docs = split_documents(docs, config.valid_fraction)
         self.tokenizer = build_component(config.tokenizer, BuildContext(dim=0, path=f"{where}.tokenizer"), "tokenizer")
         cache = config.cache_dir if config.cache_dir is not None else default_cache_dir()
@@ -107,7 +127,7 @@ class TextLM(Task):
         short = [f"the {name.replace('_', '-')} stream has {self._stream[name].size} tokens, one window needs {need}"
                  for name, need in needs.items() if self._stream[name].size < need]
         if short:
-            raise ConfigError(f"text_lm corpus {cfg.path or 'stdlib'!r} is smaller than one evaluation window "
+            raise ConfigError(f"text_lm {cfg.source()} is smaller than one evaluation window "
                               f"({len(self.train_docs)} train and {len(self.held_docs)} held-out document(s)): "
                               f"{'; '.join(short)}. Give more text, a smaller context_length or a larger "
                               "valid_fraction", path=f"{where}.path")
