@@ -178,6 +178,7 @@ class Backend:
     priority: int = 0
     description: str = ""
     kernels: tuple[Kernel, ...] = ()
+    availability: Callable[[], str | None] | None = None  # what unavailable_reason asks (None: always available)
 
     def __post_init__(self):
         for kernel in self.kernels:
@@ -185,7 +186,7 @@ class Backend:
 
     def unavailable_reason(self) -> str | None:
         """None when usable on this machine, else why not (e.g. 'triton is not installed')."""
-        return None
+        return None if self.availability is None else self.availability()
 
     def supports(self, op: str, device: torch.device, dtype: torch.dtype, **options) -> bool:
         if op not in self.ops:
@@ -193,3 +194,15 @@ class Backend:
         if not self.kernels:
             return True
         return any(k.serves(op, options) and k.supports(device, dtype, options) for k in self.kernels)
+
+
+def declare_backend(name: str, priority: int, description: str, kernels: tuple[Kernel, ...],
+                    availability: Callable[[], str | None] | None = None) -> Callable[[], Backend]:
+    """The builder the registry keeps for a built-in backend: a fresh :class:`Backend` of these kernels per call."""
+
+    def make() -> Backend:
+        return Backend(name=name, priority=priority, description=description, kernels=kernels,
+                       availability=availability)
+
+    make.__name__ = make.__qualname__ = f"{name}_backend"
+    return make

@@ -22,9 +22,9 @@ from xlstm_zoo.backends.cpp.lstm import TIME_MAJOR_KERNEL, lstm_sequence
 from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.cpp.rwkv import KERNELS as RWKV_KERNELS
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
-from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
+from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Kernel, declare_backend
 
-__all__ = ["CppBackend", "CppBuildWarning", "KERNELS", "cpp_backend"]
+__all__ = ["CppBuildWarning", "KERNELS", "cpp_backend"]
 
 MLSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (gradcheck) stays on the reference
 
@@ -46,17 +46,8 @@ KERNELS = (
 )
 
 
-class CppBackend(Backend):
-    def unavailable_reason(self) -> str | None:
-        return unavailable_reason()
-
-
-def cpp_backend() -> Backend:
-    return CppBackend(
-        name="cpp",
-        priority=15,
-        description="sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward, the generation step's "
-                    "mLSTM update and linear maps, and the layers' passes (norms, gates, conv), compiled from C++ for "
-                    "the CPU, and Mamba's selective scan (built on first use)",
-        kernels=KERNELS,
-    )
+cpp_backend = declare_backend(
+    "cpp", priority=15, kernels=KERNELS, availability=unavailable_reason,
+    description="sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward, the generation step's "
+                "mLSTM update and linear maps, and the layers' passes (norms, gates, conv), compiled from C++ for "
+                "the CPU, and Mamba's selective scan (built on first use)")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from xlstm_zoo.backends.cuda.jit import MAX_HEAD_DIM, CudaBuildWarning, build_failure, environment_reason
 from xlstm_zoo.backends.cuda.slstm import slstm_sequence
-from xlstm_zoo.backends.kernel import GPU_DTYPES, Backend, Kernel, Limit
+from xlstm_zoo.backends.kernel import GPU_DTYPES, Kernel, Limit, declare_backend
 
-__all__ = ["CudaBackend", "CudaBuildWarning", "KERNELS", "KERNEL_DTYPES", "MAX_HEAD_DIM", "cuda_backend"]
+__all__ = ["CudaBuildWarning", "KERNELS", "KERNEL_DTYPES", "MAX_HEAD_DIM", "cuda_backend"]
 
 KERNEL_DTYPES = GPU_DTYPES
 # head_dim is an optional hint from the caller; without it, wider heads still run (on the fused loop, inside the op).
@@ -21,15 +21,6 @@ KERNELS = (
 )
 
 
-class CudaBackend(Backend):
-    def unavailable_reason(self) -> str | None:
-        return environment_reason() or build_failure()
-
-
-def cuda_backend() -> Backend:
-    return CudaBackend(
-        name="cuda",
-        priority=30,
-        description="CUDA sLSTM kernel (JIT-compiled; fp32/bf16/fp16 inputs, fp32 states; backward via the fused loop)",
-        kernels=KERNELS,
-    )
+cuda_backend = declare_backend(
+    "cuda", priority=30, kernels=KERNELS, availability=lambda: environment_reason() or build_failure(),
+    description="CUDA sLSTM kernel (JIT-compiled; fp32/bf16/fp16 inputs, fp32 states; backward via the fused loop)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from xlstm_zoo.backends.fused.lstm import lstm_sequence
 from xlstm_zoo.backends.fused.slstm import slstm_sequence
-from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Backend, Kernel
+from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Kernel, declare_backend
 
 KERNELS = (
     Kernel("slstm", "sequence", "fused", slstm_sequence, dtypes=FLOAT_DTYPES,
@@ -20,10 +20,6 @@ KERNELS = (
 )
 
 
-def fused_backend() -> Backend:
-    return Backend(
-        name="fused",
-        priority=10,
-        description="pure PyTorch sLSTM/LSTM sequence loops with hand-written backward (any device)",
-        kernels=KERNELS,
-    )
+fused_backend = declare_backend(
+    "fused", priority=10, kernels=KERNELS,
+    description="pure PyTorch sLSTM/LSTM sequence loops with hand-written backward (any device)")

@@ -2,7 +2,7 @@
 
 import torch.nn.functional as F
 
-from xlstm_zoo.backends.kernel import Backend, Kernel
+from xlstm_zoo.backends.kernel import Kernel, declare_backend
 from xlstm_zoo.backends.reference import layers
 from xlstm_zoo.backends.reference.block_step import mlstm7b_block_step
 from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step, lstm_time_major
@@ -36,10 +36,6 @@ KERNELS = (
 )
 
 
-def reference_backend() -> Backend:
-    return Backend(
-        name="reference",
-        priority=0,
-        description="pure PyTorch, differentiable, any device (ground truth for every other backend)",
-        kernels=KERNELS,
-    )
+reference_backend = declare_backend(
+    "reference", priority=0, kernels=KERNELS,
+    description="pure PyTorch, differentiable, any device (ground truth for every other backend)")

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import torch
 
-from xlstm_zoo.backends.kernel import GPU_DTYPES, Backend, Kernel, Limit
+from xlstm_zoo.backends.kernel import GPU_DTYPES, Kernel, Limit, declare_backend
 
 KERNEL_DTYPES = GPU_DTYPES
 KERNEL_CHUNK_SIZES = (16, 32, 64, 128)  # tl.dot tiles: powers of two, at least 16
@@ -63,15 +63,6 @@ KERNELS = (
 )
 
 
-class TritonBackend(Backend):
-    def unavailable_reason(self) -> str | None:
-        return triton_missing_reason() or no_gpu_reason()
-
-
-def triton_backend() -> Backend:
-    return TritonBackend(
-        name="triton",
-        priority=20,
-        description="Triton kernels on CUDA GPUs: mLSTM chunkwise + step, sLSTM (fp32/bf16/fp16, fp32 states)",
-        kernels=KERNELS,
-    )
+triton_backend = declare_backend(
+    "triton", priority=20, kernels=KERNELS, availability=lambda: triton_missing_reason() or no_gpu_reason(),
+    description="Triton kernels on CUDA GPUs: mLSTM chunkwise + step, sLSTM (fp32/bf16/fp16, fp32 states)")
