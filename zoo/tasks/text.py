@@ -178,23 +178,36 @@ class ByteLM(Task):
     def eval_batches(self, split: str):
         if split not in self._eval_cache:
             text = self._text["train" if check_split(split) == "train" else "held_out"]
-            last = text.numel() - (self.window(split) + 1)
-            starts = torch.linspace(0, last, self.config.eval_windows, dtype=torch.float64).round().long()
+            starts = evaluation_starts(text.numel(), self.window(split), self.config.eval_windows)
             self._eval_cache[split] = [self._windows(split, chunk)
                                        for chunk in starts.split(self.config.eval_batch_size)]
         return iter([Batch(b.tokens.clone(), b.targets.clone()) for b in self._eval_cache[split]])
 
     def score(self, logits: torch.Tensor, batch: Batch) -> dict[str, tuple[float, int]]:
-        scored = batch.targets != IGNORE
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE,
-                              reduction="sum")
-        correct = (logits.argmax(-1) == batch.targets) & scored
-        count = int(scored.sum())
-        return {"loss": (nll.item(), count), "accuracy": (float(correct.sum()), count)}
+        return next_token_sums(logits, batch)
 
     def summarize(self, sums: dict[str, tuple[float, int]]) -> dict[str, float]:
         out = {name: total / max(count, 1) for name, (total, count) in sums.items()}
-        out["perplexity"] = math.exp(out["loss"]) if out["loss"] < 700 else math.inf
+        out["perplexity"] = perplexity(out["loss"])
         out["bits_per_byte"] = out["loss"] / math.log(2)
         out["headline"] = out[self.headline]
         return out
+
+
+def evaluation_starts(length: int, window: int, count: int) -> torch.Tensor:
+    """``count`` starts of ``window + 1``-token spans spread evenly over a stream of ``length`` tokens: the
+    fixed evaluation windows."""
+    return torch.linspace(0, length - (window + 1), count, dtype=torch.float64).round().long()
+
+
+def next_token_sums(logits: torch.Tensor, batch: Batch) -> dict[str, tuple[float, int]]:
+    """Summed next-token loss (nats) and correct predictions over the scored targets, with their count."""
+    scored = batch.targets != IGNORE
+    nll = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    correct = (logits.argmax(-1) == batch.targets) & scored
+    count = int(scored.sum())
+    return {"loss": (nll.item(), count), "accuracy": (float(correct.sum()), count)}
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else math.inf

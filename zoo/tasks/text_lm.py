@@ -25,7 +25,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build as build_component
@@ -34,7 +33,7 @@ from xlstm_zoo.registry import component
 from xlstm_zoo.tasks.base import IGNORE, Batch, Task, check_split
 from xlstm_zoo.tasks.corpus import DecodeReport, Document, collect, read_documents
 from xlstm_zoo.tasks.hf_dataset import HFDatasetConfig, dataset_documents
-from xlstm_zoo.tasks.text import held_out
+from xlstm_zoo.tasks.text import evaluation_starts, held_out, next_token_sums, perplexity
 from xlstm_zoo.tasks.token_cache import default_cache_dir, token_streams
 from xlstm_zoo.tasks.tokenizer import BytesTokenizerConfig
 
@@ -173,26 +172,21 @@ class TextLM(Task):
     def eval_batches(self, split: str):
         if split not in self._eval_cache:
             stream = self._stream["train" if check_split(split) == "train" else "held_out"]
-            last = stream.size - (self.window(split) + 1)
-            starts = torch.linspace(0, last, self.config.eval_windows, dtype=torch.float64).round().long()
+            starts = evaluation_starts(stream.size, self.window(split), self.config.eval_windows)
             self._eval_cache[split] = [self._rows(split, chunk.tolist())
                                        for chunk in starts.split(self.config.eval_batch_size)]
         return iter([b.to("cpu", copy=True) for b in self._eval_cache[split]])
 
     # -- metrics ------------------------------------------------------------------------------
     def score(self, logits: torch.Tensor, batch: Batch) -> dict[str, tuple[float, int]]:
+        sums = next_token_sums(logits, batch)
         scored = batch.targets != IGNORE
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE,
-                              reduction="sum")
-        correct = (logits.argmax(-1) == batch.targets) & scored
-        count = int(scored.sum())
         text_bytes = self._bytes[batch.targets[scored].cpu()].sum()
-        return {"loss": (nll.item(), count), "accuracy": (float(correct.sum()), count),
-                "bytes_per_token": (float(text_bytes), count)}
+        return {**sums, "bytes_per_token": (float(text_bytes), sums["loss"][1])}
 
     def summarize(self, sums: dict[str, tuple[float, int]]) -> dict[str, float]:
         out = {name: total / max(count, 1) for name, (total, count) in sums.items()}
-        out["perplexity"] = math.exp(out["loss"]) if out["loss"] < 700 else math.inf
+        out["perplexity"] = perplexity(out["loss"])
         nats, text_bytes = sums["loss"][0], sums["bytes_per_token"][0]
         out["bits_per_byte"] = nats / max(text_bytes, 1) / math.log(2)
         out["headline"] = out[self.headline]
