@@ -29,10 +29,10 @@ perfect model 1, the scale of the xLSTM paper's formal-language table.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from xlstm_zoo.tasks.base import IGNORE, Batch, check_split
 from xlstm_zoo.tasks.synthetic import SyntheticConfig, SyntheticTask
@@ -80,6 +80,10 @@ def distinct_operators(value: list[str]) -> list[str]:
     if len(set(value)) != len(value):
         raise ValueError(f"operators must not repeat, got {value}")
     return value
+
+
+# The modular-arithmetic tasks' operator list: each of + - * at most once.
+Operators = Annotated[list[Operator], AfterValidator(distinct_operators)]
 
 
 class FormalTask(SyntheticTask):

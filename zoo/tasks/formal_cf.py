@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from xlstm_zoo.registry import component
-from xlstm_zoo.tasks.formal import FormalConfig, FormalTask, Operator, distinct_operators
+from xlstm_zoo.tasks.formal import FormalConfig, FormalTask, Operators
 from xlstm_zoo.tasks.synthetic import randint_below
 
 def bracket_expressions(n: int, batch_size: int, modulus: int, operators: list[str], ids: dict[str, int],
@@ -83,13 +83,7 @@ def bracket_expressions(n: int, batch_size: int, modulus: int, operators: list[s
 class ModArithBracketsConfig(FormalConfig):
     type: Literal["mod_arith_brackets"] = "mod_arith_brackets"
     modulus: int = Field(5, ge=2, description="digits are 0 .. modulus-1 and the answer is taken mod modulus")
-    operators: list[Operator] = Field(["+", "-", "*"], min_length=1, description="binary operators the expressions use")
-
-    @field_validator("operators")
-    @classmethod
-    def _distinct(cls, value):
-        return distinct_operators(value)
-
+    operators: Operators = Field(["+", "-", "*"], min_length=1, description="binary operators the expressions use")
 
 @component("task", "mod_arith_brackets", config=ModArithBracketsConfig,
            description="modular arithmetic with brackets: value of a bracketed expression mod 5 (context-free)")

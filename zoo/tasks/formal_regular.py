@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from xlstm_zoo.registry import component
-from xlstm_zoo.tasks.formal import FormalConfig, FormalTask, Operator, distinct_operators
+from xlstm_zoo.tasks.formal import FormalConfig, FormalTask, Operators
 
 OPERATOR_SYMBOLS = ("+", "-", "*")  # always in the vocabulary, in this order, whichever are used
 
@@ -169,16 +169,10 @@ class MajorityCount(FormalTask):
 class ModArithNoBracketsConfig(FormalConfig):
     type: Literal["mod_arith_no_brackets"] = "mod_arith_no_brackets"
     modulus: int = Field(5, ge=2, description="digits are 0 .. modulus-1 and the answer is taken mod modulus")
-    operators: list[Operator] = Field(["+", "-", "*"], min_length=1, description="operators the expressions use")
+    operators: Operators = Field(["+", "-", "*"], min_length=1, description="operators the expressions use")
 
     length_parity: ClassVar[int | None] = 1
     length_reason: ClassVar[str] = "an expression d o d o ... d has an odd number of symbols"
-
-    @field_validator("operators")
-    @classmethod
-    def _distinct(cls, value):
-        return distinct_operators(value)
-
 
 @component("task", "mod_arith_no_brackets", config=ModArithNoBracketsConfig,
            description="modular arithmetic without brackets: value of d o d o ... d mod 5 (regular)")
