@@ -63,3 +63,21 @@ def recipe(**train) -> dict:
         "task": {"type": "toy_copy"},
         "train": {"steps": 30, "batch_size": 16, "lr": 0.03, "warmup_steps": 3, "log_every": 5, **train},
     }
+
+
+def at_step(monkeypatch, step: int, action=KeyboardInterrupt):
+    """Make the trainer meet ``action`` as it reaches ``step`` (before the step runs): raise it (an exception
+    class: an interrupt, a kill) or call it. Returns the function that undoes this."""
+    from xlstm_zoo.training import trainer  # here: subprocess drivers import this module before the zoo
+
+    plain = trainer._step_generator
+
+    def generator(seed, current):
+        if current == step:
+            if isinstance(action, type) and issubclass(action, BaseException):
+                raise action
+            action()
+        return plain(seed, current)
+
+    monkeypatch.setattr(trainer, "_step_generator", generator)
+    return lambda: monkeypatch.setattr(trainer, "_step_generator", plain)

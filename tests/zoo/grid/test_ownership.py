@@ -8,7 +8,6 @@ import pytest
 from xlstm_zoo import load_recipe
 from xlstm_zoo.grid.claims import acquire
 from xlstm_zoo.grid.runner import run_grid
-from xlstm_zoo.training import trainer
 from xlstm_zoo.training.metrics import read_metrics
 
 import toy_task
@@ -49,17 +48,10 @@ def test_edits_that_do_not_change_a_cell_resume_an_interrupted_one(tmp_path, mon
     data.update(grid={"seeds": [0]}, description="first", report={"metric": "accuracy", "split": "valid"})
     recipe = tmp_path / "grid.json"
     recipe.write_text(json.dumps(data))
-    plain = trainer._step_generator
-
-    def interrupted(seed, step):
-        if step == 13:
-            raise KeyboardInterrupt
-        return plain(seed, step)
-
-    monkeypatch.setattr(trainer, "_step_generator", interrupted)
+    undo = toy_task.at_step(monkeypatch, 13)
     with pytest.raises(KeyboardInterrupt):
         run_grid(load_recipe(recipe), tmp_path / "run")
-    monkeypatch.setattr(trainer, "_step_generator", plain)
+    undo()
     data.update(name="renamed", description="edited", report={"metric": "loss", "split": "valid"},
                 profiles={"quick": {"train.steps": 5}}, launch={"cpus": 2})
     recipe.write_text(json.dumps(data))

@@ -71,8 +71,6 @@ def test_unknown_metric_names_the_known_ones(tmp_path):
 def test_an_interrupted_run_stops_at_the_same_step_as_an_uninterrupted_one(tmp_path, monkeypatch):
     """The streak of evaluations that met the rule is part of the checkpoint: a run interrupted in the middle of
     one stops where the uninterrupted run does, not `evals` evaluations later."""
-    from xlstm_zoo.training import trainer
-
     recipe = load_recipe(toy_task.recipe(steps=400, eval_every=5, early_stop={"at_least": 0.9, "evals": 3}))
     clean = train(recipe, tmp_path / "clean")
     stop = clean["steps"]
@@ -80,18 +78,11 @@ def test_an_interrupted_run_stops_at_the_same_step_as_an_uninterrupted_one(tmp_p
     valid = {r["step"]: r["accuracy"] for r in read_metrics(tmp_path / "clean" / "metrics.jsonl")
              if r.get("split") == "valid"}
     assert all(valid[s] >= 0.9 for s in (stop - 10, stop - 5, stop)), "a streak of 3 ends at the stop"
-    plain = trainer._step_generator
-
-    def interrupted(seed, step):
-        if step == stop - 3:  # two evaluations of the streak are behind it
-            raise KeyboardInterrupt
-        return plain(seed, step)
-
-    monkeypatch.setattr(trainer, "_step_generator", interrupted)
+    undo = toy_task.at_step(monkeypatch, stop - 3)  # two evaluations of the streak are behind it
     with pytest.raises(KeyboardInterrupt):
         train(recipe, tmp_path / "run")
     assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["early_stop_streak"] == 2
-    monkeypatch.setattr(trainer, "_step_generator", plain)
+    undo()
     resumed = train(recipe, tmp_path / "run")
     assert resumed["steps"] == stop and resumed["stopped_early"]
     assert resumed["metrics"] == clean["metrics"]

@@ -16,18 +16,11 @@ toy_task.register()
 
 def test_interrupt_checkpoints_the_last_whole_step_and_resumes_exactly(tmp_path, monkeypatch):
     recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
-    plain = trainer._step_generator
-
-    def interrupted(seed, step):
-        if step == 13:
-            raise KeyboardInterrupt
-        return plain(seed, step)
-
-    monkeypatch.setattr(trainer, "_step_generator", interrupted)
+    undo = toy_task.at_step(monkeypatch, 13)
     with pytest.raises(KeyboardInterrupt):
         trainer.train(recipe, tmp_path / "run")
     assert load_checkpoint(tmp_path / "run" / "checkpoint")[2]["step"] == 13, "not only the periodic one at 10"
-    monkeypatch.setattr(trainer, "_step_generator", plain)
+    undo()
     trainer.train(recipe, tmp_path / "run")
     events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event")]
     assert events == [{"step": 13, "event": "interrupted"}, {"step": 13, "event": "resumed"}]

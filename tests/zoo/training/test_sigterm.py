@@ -67,24 +67,18 @@ def test_sigterm_checkpoints_the_last_whole_step_and_a_rerun_logs_each_step_once
 def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once_on_rerun(tmp_path, monkeypatch):
     """SIGKILL (the OOM killer) leaves metrics lines, maybe a torn one, and no checkpoint: the re-run starts afresh."""
     recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=100))
-    plain = trainer._step_generator
 
     class Killed(BaseException):  # nothing of the trainer runs after it, as after SIGKILL
         pass
 
-    def killed(seed, step):
-        if step == 17:
-            raise Killed
-        return plain(seed, step)
-
-    monkeypatch.setattr(trainer, "_step_generator", killed)
+    undo = toy_task.at_step(monkeypatch, 17, Killed)
     with pytest.raises(Killed):
         trainer.train(recipe, tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoint").exists()
     with (tmp_path / "run" / "metrics.jsonl").open("a") as f:
         f.write('{"step": 20, "spl')  # the line it was writing when killed
     assert _train_steps(tmp_path / "run") == [5, 10, 15]
-    monkeypatch.setattr(trainer, "_step_generator", plain)
+    undo()
     trainer.train(recipe, tmp_path / "run")
     assert _train_steps(tmp_path / "run") == [5, 10, 15, 20, 25, 30]
     text = (tmp_path / "run" / "metrics.jsonl").read_text()
@@ -154,15 +148,11 @@ def test_a_full_disk_while_logging_is_one_line_naming_the_file(tmp_path, monkeyp
 
     recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
     metrics = tmp_path / "run" / "metrics.jsonl"
-    plain = trainer._step_generator
+    def disk_fills():  # from here every byte written to metrics.jsonl fails
+        metrics.unlink()
+        metrics.symlink_to("/dev/full")
 
-    def disk_fills(seed, step):
-        if step == 12:  # from here every byte written to metrics.jsonl fails
-            metrics.unlink()
-            metrics.symlink_to("/dev/full")
-        return plain(seed, step)
-
-    monkeypatch.setattr(trainer, "_step_generator", disk_fills)
+    toy_task.at_step(monkeypatch, 12, disk_fills)
     with pytest.raises(WriteError) as caught:
         trainer.train(recipe, tmp_path / "run")
     assert "\n" not in str(caught.value) and str(metrics) in str(caught.value)
