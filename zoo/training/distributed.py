@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.tasks.base import merge_scores
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,7 @@ def reduce_scores(scores: dict[str, tuple[float, int]], ctx: DistContext) -> dic
         return scores
     gathered: list = [None] * ctx.world
     dist.all_gather_object(gathered, scores)
-    total: dict[str, tuple[float, int]] = {}
-    for part in gathered:
-        for name, (s, n) in part.items():
-            old = total.get(name, (0.0, 0))
-            total[name] = (old[0] + s, old[1] + n)
-    return total
+    return merge_scores(gathered)
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
