@@ -11,12 +11,12 @@ Gate pre-activations go in raw; ``gates`` says how each becomes a log gate
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from xlstm_zoo.backends.block_step import BlockStepSizes, BlockStepWeights, mlstm7b_block_step
-from xlstm_zoo.backends.cpp.linear import compiled_linear_step
-from xlstm_zoo.backends.dispatch import Backend, explain, select
+from xlstm_zoo.backends.dispatch import TRACED_KERNELS, Backend, explain, select, traced_op
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
-from xlstm_zoo.backends.kernel import exporting, readable, tracing
+from xlstm_zoo.backends.kernel import custom_op, exporting, readable, tracing
 from xlstm_zoo.backends.reference import KERNELS as _REFERENCE
 from xlstm_zoo.backends.reference.rwkv import WKV_FORMS
 from xlstm_zoo.backends.reference.selective_scan import SCAN_FORMS
@@ -140,11 +140,13 @@ def accelerated(op: str, x: torch.Tensor, *others: torch.Tensor | None, **option
 def linear_step(x, weight, bias=None, *, backend: str | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a generation step's few rows, without autograd: ``x [..., K]``,
     ``weight [N, K]``, ``bias [N]`` -> ``[..., N]``. Layers call it only when no gradient is wanted."""
-    if torch.compiler.is_compiling():  # the dispatcher is not traced: the compiled kernel as an opaque op
-        return compiled_linear_step(x, weight, bias)
-    impl = select("linear_step", x.device, x.dtype, force=backend, rows=x.numel() // max(x.shape[-1], 1),
-                  weights=weight.numel())
-    return impl.ops["linear_step"](x, weight, bias)
+    options = {"rows": x.numel() // max(x.shape[-1], 1), "weights": weight.numel()}
+    if torch.compiler.is_compiling():  # the graph calls the custom op the chosen kernel declares, else F.linear
+        name = traced_op("linear_step", x.device.type, str(x.dtype).removeprefix("torch."), backend)
+        if name and x.dtype == weight.dtype and TRACED_KERNELS[name].supports(x.device, x.dtype, options):
+            return custom_op(name)(x, weight, bias)
+        return F.linear(x, weight, bias)
+    return select("linear_step", x.device, x.dtype, force=backend, **options).ops["linear_step"](x, weight, bias)
 
 
 # -- layer ops: the passes around the cells ------------------------------------------------------------------

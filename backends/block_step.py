@@ -110,7 +110,10 @@ def _kernel(blocks, x: torch.Tensor, states):
     """The kernel's function for this run and its sizes, or None where the block's modules should run."""
     if type(x) is not torch.Tensor or x.dim() != 2:
         return None
-    backend = select("mlstm7b_block_step", x.device, x.dtype, readable=readable(x))
+    forced = {getattr(getattr(block.cell, "config", None), "backend", None) for block in blocks}
+    if len(forced) > 1:  # cells forced onto different backends: each block steps through its own modules
+        return None
+    backend = select("mlstm7b_block_step", x.device, x.dtype, force=forced.pop(), readable=readable(x))
     if backend.name == "reference" or not _no_grad_wanted(blocks, x):
         return None
     sizes = [step_sizes(block) for block in blocks]

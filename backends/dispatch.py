@@ -19,10 +19,10 @@ from typing import Callable, Mapping
 
 import torch
 
-from xlstm_zoo.backends.kernel import STRICT_FORCE_OPS, Backend
+from xlstm_zoo.backends.kernel import STRICT_FORCE_OPS, Backend, Kernel
 from xlstm_zoo.errors import BackendError
 
-__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "forced", "select"]
+__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "forced", "select", "TRACED_KERNELS", "traced_op"]
 
 ENV_FORCE = "XLSTM_ZOO_BACKEND"
 
@@ -109,6 +109,28 @@ def _select(op, device, dtype, force, options) -> Backend:
         if _status(candidate, op, device, dtype, options) == "ok":
             return candidate
     raise BackendError(f"no registered backend supports {op} on {device.type}/{dtype} {options}; registered: {', '.join(sorted(backends))}")
+
+
+# The kernels traced_op has named, by their custom op: a traced graph reads their limits from here.
+TRACED_KERNELS: dict[str, Kernel] = {}
+
+
+@torch.compiler.assume_constant_result
+def traced_op(op: str, device_type: str, dtype_name: str, force: str | None = None) -> str:
+    """Under torch.compile, which cannot trace the dispatcher (it runs this once, eagerly, and keeps the answer):
+    the custom op (``namespace::name``) that the highest-priority available backend (the forced one) declares for
+    ``op`` on this device and dtype, '' where none does; its kernel goes into :data:`TRACED_KERNELS`, whose limits
+    the graph then checks on the call's sizes (symbolic ones too, as guards)."""
+    device, dtype = torch.device(device_type), getattr(torch, dtype_name)
+    backends = _backends()
+    candidates = [backends[force]] if force in backends else sorted(backends.values(), key=lambda b: -b.priority)
+    for backend in candidates:
+        if backend.unavailable_reason() is None:
+            for kernel in backend.kernels:
+                if kernel.traced_op and kernel.dispatch_op == op and kernel.supports(device, dtype, {}):
+                    TRACED_KERNELS[kernel.traced_op] = kernel
+                    return kernel.traced_op
+    return ""
 
 
 def explain(op: str, device: torch.device, dtype: torch.dtype, **options) -> list[tuple[str, int, str]]:

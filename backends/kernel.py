@@ -97,6 +97,12 @@ def readable(x: torch.Tensor, *others: torch.Tensor | None, tracing_checked: boo
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def custom_op(name: str):
+    """The registered custom op ``namespace::name`` (a kernel's ``traced_op``) as ``torch.ops`` holds it."""
+    namespace, op = name.split("::")
+    return getattr(getattr(torch.ops, namespace), op)
+
+
 @dataclass(frozen=True)
 class Limit:
     """A bound on one option of a call (``chunk_size``, ``head_dim``); an absent option passes."""
@@ -135,6 +141,7 @@ class Kernel:
     limits: tuple[Limit, ...] = ()
     notes: str = ""
     opaque: bool = False                         # reads raw memory (a compiled call): only where readable=True
+    traced_op: str | None = None                 # the custom op (``ns::name``) a torch.compile graph calls for it
 
     def __post_init__(self):
         if (self.op, self.form) not in SHAPES:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from xlstm_zoo.backends.cpp.build import c_entry, library, pointer, unavailable_reason
 from xlstm_zoo.backends.kernel import Kernel, Limit
 
-__all__ = ["KERNEL", "LINEAR_STEP_MIN_WEIGHTS", "LINEAR_STEP_ROWS", "compiled_linear_step", "linear_step"]
+__all__ = ["KERNEL", "LINEAR_STEP_MIN_WEIGHTS", "LINEAR_STEP_ROWS", "linear_step"]
 
 # The C entries this module calls (argument types; see build.c_entry).
 c_entry("linear_step_f32", "ptr*4 i64*4")
@@ -59,20 +59,15 @@ def _kernel():
 KERNEL = Kernel("linear", "step", "cpp", linear_step, devices=("cpu",), dtypes=(torch.float32,),
                 limits=(Limit("rows", low=LINEAR_STEP_ROWS[0], high=LINEAR_STEP_ROWS[1]),
                         Limit("weights", low=LINEAR_STEP_MIN_WEIGHTS)),
-                notes="dot products vectorised along K, no autograd")
-
-
-def compiled_linear_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """:func:`linear_step` where torch.compile traces (it does not trace the dispatcher): the opaque op for
-    what :data:`KERNEL` declares it serves, ``F.linear`` otherwise."""
-    options = {"rows": x.numel() // max(x.shape[-1], 1), "weights": weight.numel()}
-    if x.dtype == weight.dtype and KERNEL.supports(x.device, x.dtype, options):
-        return _linear_step_op(x, weight, bias)
-    return F.linear(x, weight, bias)
+                notes="dot products vectorised along K, no autograd", traced_op="xlstm_zoo::linear_step")
 
 
 def _op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return _run(x, weight, bias) if unavailable_reason() is None else F.linear(x, weight, bias)
+    """The graph's call: the kernel where :data:`KERNEL` declares it serves these shapes, else ``F.linear``."""
+    options = {"rows": x.numel() // max(x.shape[-1], 1), "weights": weight.numel()}
+    if unavailable_reason() is None and x.dtype == weight.dtype and KERNEL.supports(x.device, x.dtype, options):
+        return _run(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 # For torch.compile (model.compiled_step()): inductor's GEMM at a step's few rows is torch's, as slow as

@@ -87,7 +87,7 @@ class MLSTM7BBlock(Block):
         cell, mlp = self.cell, self.mlp
         linears = [self.out_proj, mlp.up, mlp.down] + ([cell.q, cell.k, cell.v, cell.o] if type(cell) is MLSTMCell else [])
         gates = (cell.input_gate, cell.forget_gate) if type(cell) is MLSTMCell else ()
-        if (type(cell) is not MLSTMCell or cell.config.gate_input != "x" or cell.o is None or cell.config.backend
+        if (type(cell) is not MLSTMCell or cell.config.gate_input != "x" or cell.o is None
                 or type(cell.norm) is not MultiHeadLayerNorm or type(self.norm) is not RMSNorm
                 or type(self.mlp_norm) is not RMSNorm or type(mlp) is not GatedMLP or mlp.act not in (F.silu, F.gelu)
                 or not all(type(m) in PLAIN_LINEAR for m in linears)
