@@ -39,7 +39,7 @@ LAYERS = [
      "xlstm_zoo.stacks", "xlstm_zoo.tasks", "xlstm_zoo.initialization", "xlstm_zoo.loggers"],
     ["xlstm_zoo.models"],
     ["xlstm_zoo.recipe", "xlstm_zoo.checkpoint"],
-    ["xlstm_zoo.export", "xlstm_zoo.pretrained"],
+    ["xlstm_zoo.export", "xlstm_zoo.pretrained", "xlstm_zoo.interop"],
     ["xlstm_zoo.training", "xlstm_zoo.testing"],
     ["xlstm_zoo.grid", "xlstm_zoo.bench", "xlstm_zoo.plugins"],
     ["xlstm_zoo.commands"],

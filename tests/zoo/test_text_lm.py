@@ -19,7 +19,7 @@ from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.registry import registry
 from xlstm_zoo.tasks.corpus import read_documents
 from xlstm_zoo.tasks.text_lm import TextLM, TextLMConfig, split_documents
-from xlstm_zoo.training.counts import parameter_counts
+from xlstm_zoo.models.counts import parameter_counts
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import train
 
