@@ -20,10 +20,12 @@ METRICS = ("loss", "perplexity", "bits_per_byte", "accuracy", "headline")
 
 def is_ours(path: Path) -> bool:
     """Whether ``path`` is absent or a card this module wrote (and so may be replaced)."""
+    if not path.is_file():
+        return not path.exists()  # nothing there yet (a directory named README.md is not ours to replace)
     try:
         return MARKER in path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return True
+    except OSError:
+        return False
 
 
 def model_card(recipe, model, *, tokenizer=None, source: str | Path | None = None, license: str | None = None) -> str:

@@ -20,11 +20,13 @@ import json
 import re
 from pathlib import Path
 
-from xlstm_zoo.checkpoint import FORMAT, json_text
+from xlstm_zoo.checkpoint import FORMAT, atomic_write, json_text
 from xlstm_zoo.errors import ConfigError, UnknownComponentError
+from xlstm_zoo.interop import card
 from xlstm_zoo.recipe import Recipe, load_recipe
 from xlstm_zoo.recipe.meaning import components
 from xlstm_zoo.registry import registry
+from xlstm_zoo.tasks.tokenizer import TOKENIZER_CONFIG, TOKENIZER_FILE, saved_tokenizer
 from xlstm_zoo.version import __version__
 
 MODEL_TYPE = "xlstm_zoo"
@@ -81,6 +83,33 @@ def model_files(recipe, model, tokenizer=None) -> dict[str, str]:
     if tokenizer is not None:
         files.update(tokenizer.hf_files())
     return files
+
+
+def carry(source: str | Path, out: str | Path) -> list[str]:
+    """After ``convert`` or ``export`` wrote ``out`` from ``source``: the source's model card (unless it is a
+    generated one, which ``out`` has anew) and its tokenizer files, where ``out`` lacks them. Returns the names."""
+    source, out = Path(source), Path(out)
+    if not source.is_dir():
+        return []
+    carried = []
+    readme = source / card.README
+    if readme.is_file() and (not card.is_ours(readme) or not (out / card.README).exists()):
+        _copy(readme, out / card.README)
+        carried.append(card.README)
+    for name in (TOKENIZER_FILE, TOKENIZER_CONFIG, "special_tokens_map.json"):
+        if (source / name).is_file() and not (out / name).exists():
+            _copy(source / name, out / name)
+            carried.append(name)
+    tokenizer = saved_tokenizer(source) if not (out / TOKENIZER_FILE).exists() else None
+    for name, text in (tokenizer.hf_files() if tokenizer is not None else {}).items():  # a run's, or state.json's
+        atomic_write(out / name, lambda f, text=text: f.write(text.encode()))
+        carried.append(name)
+    return carried
+
+
+def _copy(source: Path, target: Path) -> None:
+    data = source.read_bytes()
+    atomic_write(target, lambda f: f.write(data))
 
 
 # ----------------------------------------------------------------------------- reading config.json back

@@ -80,6 +80,13 @@ class TextTokenizer:
     def digest(self) -> str:
         return hashlib.blake2b(self.to_json().encode(), digest_size=12).hexdigest()
 
+    def check_fits(self, vocab_size: int, where: str) -> None:
+        """Refuse a model whose vocabulary lacks some of this tokenizer's ids: it belongs to another model."""
+        if self.vocab_size > vocab_size:
+            raise ConfigError(f"the tokenizer has ids up to {self.vocab_size - 1} but the model's vocabulary is "
+                              f"{vocab_size} (ids 0..{vocab_size - 1}): this tokenizer belongs to another model",
+                              file=where)
+
     def describe(self) -> dict:
         """What a checkpoint records to refuse a different tokenizer on resume."""
         return {"type": self.kind, "vocab_size": self.vocab_size, "eod_id": self.eod_id, "digest": self.digest}
@@ -286,14 +293,13 @@ def saved_tokenizer(directory: str | Path, *, vocab_size: int | None = None) -> 
     try:
         data = json.loads(text)
     except ValueError as err:
-        raise ConfigError(f"the saved tokenizer is not JSON ({err})", file=where) from None
+        raise ConfigError(f"not a tokenizer: not JSON ({err})", file=where) from None
     if data == json.loads(bytes_tokenizer_json()) or (isinstance(data, dict) and data.get("type") == "bytes"):
         tokenizer: TextTokenizer = BytesTokenizer()  # (the second form: run directories before the transformers layout)
     else:
         tokenizer = _library_tokenizer(text, where)
-    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
-        raise ConfigError(f"the saved tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
-                          f"{vocab_size} (ids 0..{vocab_size - 1}): this tokenizer belongs to another model", file=where)
+    if vocab_size is not None:
+        tokenizer.check_fits(vocab_size, where)
     return tokenizer
 
 
