@@ -21,7 +21,7 @@ from xlstm_zoo.tasks.tokenizer import BytesTokenizer, saved_tokenizer  # noqa: E
 AutoConfig, AutoModelForCausalLM, AutoTokenizer = (transformers.AutoConfig, transformers.AutoModelForCausalLM,
                                                    transformers.AutoTokenizer)
 # xLSTM[1:1] with a Llama attention block: recurrent states and an attention cache in one state tuple
-HYBRID = ["model.vocab_size=257", "model.dim=16", "model.stack.pattern=msa", "model.stack.blocks.a.cell.max_cache=64"]
+HYBRID = ["model.vocab_size=257", "model.dim=16", "model.stack.pattern=msa", "model.stack.blocks.a.cell.max_cache=256"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,7 +49,8 @@ def prompts(n=2, length=7, vocab=256):
 
 def test_auto_classes_give_the_zoo_models_logits(saved, tmp_path):
     model, directory = saved
-    assert type(AutoConfig.from_pretrained(directory)).__name__ == "XlstmZooConfig"
+    config = AutoConfig.from_pretrained(directory)
+    assert type(config).__name__ == "XlstmZooConfig" and config.max_position_embeddings == 256
     hf = AutoModelForCausalLM.from_pretrained(directory)
     ids = prompts()
     with torch.no_grad():
@@ -174,3 +175,23 @@ def test_trust_remote_code_loads_without_importing_the_zoo(saved, tmp_path):
     plain = subprocess.run([sys.executable, "-c", "import sys, xlstm_zoo; print('transformers' in sys.modules)"],
                            capture_output=True, text=True, timeout=300)
     assert plain.stdout.strip() == "False", "import xlstm_zoo does not import transformers"
+
+
+@pytest.mark.slow
+def test_lm_eval_scores_a_zoo_checkpoint_as_the_zoo_does(saved):
+    lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is a test dependency")
+    from lm_eval.tasks import TaskManager
+    model, directory = saved
+    tasks = TaskManager(include_path=str(Path(xlstm_zoo.interop.__file__).parent / "lm_eval_tasks"))
+    result = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={directory},backend=causal",
+                                     tasks=["xlstm_zoo_lastword"], task_manager=tasks, batch_size=4, device="cpu",
+                                     limit=12, bootstrap_iters=0, log_samples=True)
+    samples = result["samples"]["xlstm_zoo_lastword"]
+    assert len(samples) == 12 and "perplexity,none" in result["results"]["xlstm_zoo_lastword"]
+    for sample in samples:
+        (context, continuation), = sample["arguments"]
+        ids, n = list((context + continuation).encode()), len(continuation.encode())
+        with torch.no_grad():
+            logits = model(torch.tensor([ids]))[0][0, -n - 1:-1]
+        zoo = -torch.nn.functional.cross_entropy(logits.float(), torch.tensor(ids[-n:]), reduction="sum").item()
+        assert sample["resps"][0][0][0] == pytest.approx(zoo, abs=1e-5), (context, continuation)

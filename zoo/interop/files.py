@@ -60,6 +60,10 @@ def hf_config(recipe, model, tokenizer=None) -> dict:
               "num_hidden_layers": len(getattr(model.stack, "blocks", ())),
               "tie_word_embeddings": bool(model.config.tie_weights),
               "xlstm_zoo": {"version": __version__, "format": FORMAT, "plugins": plugins}, "recipe": data}
+    caches = [m.config.max_cache for m in model.modules() if isinstance(getattr(getattr(m, "config", None),
+                                                                                "max_cache", None), int)]
+    if caches:  # an attention block's fixed cache bounds a sequence (lm-evaluation-harness truncates to it)
+        config["max_position_embeddings"] = min(caches)
     eod = getattr(tokenizer, "eod_id", None)
     if eod is not None:
         config.update(bos_token_id=eod, eos_token_id=eod)

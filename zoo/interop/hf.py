@@ -51,6 +51,7 @@ class XlstmZooConfig(PreTrainedConfig):
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    max_position_embeddings: int | None = None  # the smallest attention cache (max_cache), where there is one
     use_cache: bool = True
 
     def zoo_recipe(self, where: str = "config"):
