@@ -16,7 +16,7 @@ import xlstm_zoo  # noqa: E402  (registers model_type xlstm_zoo)
 from xlstm_zoo.checkpoint import save_checkpoint  # noqa: E402
 from xlstm_zoo.errors import ConfigError  # noqa: E402
 from xlstm_zoo.interop.files import model_files  # noqa: E402
-from xlstm_zoo.tasks.tokenizer import BytesTokenizer, saved_tokenizer  # noqa: E402
+from xlstm_zoo.tasks.tokenizer import BPETokenizer, BPETokenizerConfig, BytesTokenizer, saved_tokenizer  # noqa: E402
 
 AutoConfig, AutoModelForCausalLM, AutoTokenizer = (transformers.AutoConfig, transformers.AutoModelForCausalLM,
                                                    transformers.AutoTokenizer)
@@ -105,13 +105,21 @@ def test_left_padded_rows_generate_as_alone(saved):
         hf(batch, attention_mask=torch.tensor([[1, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 9]))
 
 
-def test_the_tokenizer_travels_in_the_transformers_layout(saved):
+def test_the_tokenizer_travels_in_the_transformers_layout(saved, tmp_path):
     model, directory = saved
     tokenizer = AutoTokenizer.from_pretrained(directory)
     texts = ["plain ascii", "häßliche Grüße 😀 日本", "tab\tnew\nline", ""]
     assert [tokenizer(t)["input_ids"] for t in texts] == [list(t.encode()) for t in texts]
     assert tokenizer.eos_token_id == BytesTokenizer.eod_id and tokenizer.decode(list("Grüße".encode())) == "Grüße"
     assert isinstance(saved_tokenizer(directory, vocab_size=257), BytesTokenizer)
+    pytest.importorskip("tokenizers", reason="bpe needs the tokenizers test extra")
+    bpe = BPETokenizer(BPETokenizerConfig(vocab_size=300))
+    bpe.fit([" ".join(texts * 40)] * 3, tmp_path)
+    for name, text in bpe.hf_files().items():
+        (tmp_path / name).write_text(text)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert [loaded(t)["input_ids"] for t in texts] == [list(ids) for ids in bpe.encode_batch(texts)]
+    assert loaded.eos_token == "<|endoftext|>" and loaded.eos_token_id == bpe.eod_id
     with pytest.raises(ConfigError, match=r"tokenizer\.json: the tokenizer has ids up to 256 but the model.s vocabulary is 100"):
         saved_tokenizer(directory, vocab_size=100)
 

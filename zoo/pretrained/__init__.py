@@ -124,7 +124,9 @@ def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", max_sha
         recipe_yaml = recipe_text(recipe)
         source = (getattr(model, "provenance", None) or {}).get("source")
         if tokenizer is None and source:
-            tokenizer = saved_tokenizer(source, vocab_size=model.embedding.num_embeddings)
+            tokenizer = saved_tokenizer(source)
+        if tokenizer is not None:  # refused before anything is written
+            tokenizer.check_fits(model.embedding.num_embeddings, str(directory))
         extra = hf_files.model_files(recipe, model, tokenizer)
         if card.is_ours(Path(directory) / card.README):
             extra[card.README] = card.model_card(recipe, model, tokenizer=tokenizer, source=source, license=license)
