@@ -80,7 +80,7 @@ def _registered(kind: str, name: str):
 def model_files(recipe, model, tokenizer=None) -> dict[str, str]:
     """Every file above, by name: what a model directory holds for transformers (a ``causal_lm``; other
     models: nothing)."""
-    if getattr(model.config, "type", None) != "causal_lm":
+    if getattr(getattr(model, "config", None), "type", None) != "causal_lm":
         return {}
     files = {CONFIG: json_text(hf_config(recipe, model, tokenizer), default=None) + "\n",
              REMOTE_MODULE: REMOTE_MODULE_TEXT}
