@@ -16,6 +16,7 @@ import xlstm_zoo  # noqa: E402  (registers model_type xlstm_zoo)
 from xlstm_zoo.checkpoint import save_checkpoint  # noqa: E402
 from xlstm_zoo.errors import ConfigError  # noqa: E402
 from xlstm_zoo.interop.files import model_files  # noqa: E402
+from xlstm_zoo.training.trainer import cli_command  # noqa: E402
 from xlstm_zoo.tasks.tokenizer import BPETokenizer, BPETokenizerConfig, BytesTokenizer, saved_tokenizer  # noqa: E402
 
 AutoConfig, AutoModelForCausalLM, AutoTokenizer = (transformers.AutoConfig, transformers.AutoModelForCausalLM,
@@ -155,16 +156,35 @@ def test_bad_directories_are_one_line(saved, tmp_path):
     assert "config.json: recipe.model.dim:" in invalid
 
 
-def test_model_card_says_what_made_the_model(saved, tmp_path, run_cli):
-    _, directory = saved
+def test_model_card_says_what_made_the_model(saved, tmp_path, run_cli, monkeypatch):
+    model, directory = saved
     card = (directory / "README.md").read_text()
     for expected in ("license: apache-2.0", "library_name: xlstm-zoo", "| parameters |", "| non-embedding parameters |",
-                     "| tokenizer | bytes, 257 tokens", "| training data |", "| command |", "## Recipe", "pattern: msa"):
+                     "| tokenizer | bytes, 257 tokens", "| training data |", "## Recipe", "pattern: msa"):
         assert expected in card, expected
-    code, _, err = run_cli("convert", directory, "--out", tmp_path / "converted")
+    # a run's checkpoint: the step and command from its state.json, the last evaluation from metrics.jsonl
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/xlstm-zoo", "train", "lm.yaml", "--out", "run"])
+    recipe = xlstm_zoo.load_recipe("xlstm_attention_hybrid", HYBRID + ["train.steps=40", "train.warmup_steps=1"])
+    save_checkpoint(tmp_path / "run" / "checkpoint", recipe, model, step=40, **cli_command())
+    (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"step": 40, "split": "valid", "loss": 1.25,
+                                                                "bits_per_byte": 1.8}) + "\n")
+    code, _, err = run_cli("convert", tmp_path / "run" / "checkpoint", "--out", tmp_path / "converted",
+                           "--license", "mit")
     assert code == 0, err
-    for name in ("README.md", "tokenizer.json", "tokenizer_config.json", "config.json"):
-        assert (tmp_path / "converted" / name).is_file(), name
+    card = (tmp_path / "converted" / "README.md").read_text()
+    for expected in ("license: mit", "| training | 40 of 40 steps", "`xlstm-zoo train lm.yaml --out run`",
+                     "| valid | 1.25 |"):
+        assert expected in card, expected
+    mine = tmp_path / "mine"  # a card that is not ours (an upstream one) is kept as it is
+    mine.mkdir()
+    for f in directory.iterdir():
+        (mine / f.name).write_bytes(f.read_bytes())
+    (mine / "README.md").write_text("upstream card")
+    code, _, err = run_cli("convert", mine, "--out", tmp_path / "again")
+    assert code == 0, err
+    assert (tmp_path / "again" / "README.md").read_text() == "upstream card"
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (tmp_path / "again" / name).is_file(), name
 
 
 @pytest.mark.slow
