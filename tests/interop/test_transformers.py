@@ -203,6 +203,10 @@ def test_trust_remote_code_loads_without_importing_the_zoo(saved, tmp_path):
     plain = subprocess.run([sys.executable, "-c", "import sys, xlstm_zoo; print('transformers' in sys.modules)"],
                            capture_output=True, text=True, timeout=300)
     assert plain.stdout.strip() == "False", "import xlstm_zoo does not import transformers"
+    blocked = subprocess.run([sys.executable, "-W", "error", "-c",
+                              "import sys; sys.modules['transformers'] = None; import xlstm_zoo"],
+                             capture_output=True, text=True, timeout=300)
+    assert blocked.returncode == 0, "the zoo imports without transformers: " + blocked.stderr[-1000:]
 
 
 @pytest.mark.slow

@@ -22,10 +22,11 @@ _TRIGGER = "transformers"
 
 def install() -> None:
     """Register with transformers now if it is imported, else right after it is (nothing if it is not installed)."""
-    if _TRIGGER in sys.modules:
+    if sys.modules.get(_TRIGGER) is not None:
         _register()
-    elif importlib.util.find_spec(_TRIGGER) is not None and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    elif _TRIGGER not in sys.modules and importlib.util.find_spec(_TRIGGER) is not None \
+            and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())  # (sys.modules[_TRIGGER] None: blocked on purpose, left alone)
 
 
 def _register() -> None:
