@@ -93,7 +93,6 @@ class XlstmZooForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "zoo"
     main_input_name = "input_ids"
     _is_stateful = True  # transformers: no assisted generation (the state cannot be rolled back)
-    _supports_param_buffer_assignment = False
 
     def __init__(self, config: XlstmZooConfig, zoo_model: torch.nn.Module | None = None):
         super().__init__(config)
