@@ -10,6 +10,9 @@ from xlstm_zoo.registry import component, register, registry
 from xlstm_zoo import wiring  # noqa: F401  (plugin loading and the backend table, connected once)
 from xlstm_zoo.recipe import Recipe, build, load_recipe, shipped_recipes
 from xlstm_zoo.pretrained import from_pretrained, save_pretrained
+from xlstm_zoo import interop
+
+interop.install()  # transformers' Auto classes learn model_type xlstm_zoo once transformers is imported
 
 __all__ = ["ConfigError", "Recipe", "UnknownComponentError", "ZooError", "__version__", "build", "component",
            "from_pretrained", "load_recipe", "register", "registry", "save_pretrained", "shipped_recipes"]

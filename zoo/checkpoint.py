@@ -48,7 +48,7 @@ STATE = "state.json"
 # Every file some checkpoint reader takes (ours, Hugging Face, xlstm_large): replaced as a whole on a
 # save; anything else in a model directory is the user's and is carried over.
 READER_FILES = (RECIPE, "model*.safetensors", "model.safetensors.index.json", OPTIMIZER, STATE,
-                "config.json", "config.yaml", "generation_config.json", "convert.json")
+                "config.json", "config.yaml", "generation_config.json", "convert.json", "xlstm_zoo_hf.py")
 
 
 def json_text(data, indent: int | None = 2, default=str) -> str:
@@ -206,15 +206,18 @@ def is_model_dir(path: str | Path) -> bool:
 # ----------------------------------------------------------------------------- training checkpoints
 
 def save_checkpoint(path: str | Path, recipe, model: torch.nn.Module, *, optimizer: dict | None = None,
-                    **state: Any) -> None:
+                    files: dict[str, str] | None = None, **state: Any) -> None:
     """Write the training checkpoint directory ``path`` as a whole: the model directory, the
-    optimiser's ``state_dict()`` if given, and ``state`` (JSON values, e.g. ``step=``)."""
+    optimiser's ``state_dict()`` if given, ``files`` (name -> text: what transformers reads,
+    :func:`xlstm_zoo.interop.files.model_files`) and ``state`` (JSON values, e.g. ``step=``)."""
     path = Path(path)
     state_text = json_text({"format": FORMAT, **state}, default=None) + "\n"  # fails before anything is written
     recipe_yaml = recipe_text(recipe)
 
     def fill(tmp: Path) -> None:
         write_model_files(tmp, recipe_yaml, model)
+        for name, text in (files or {}).items():
+            atomic_write(tmp / name, lambda f, text=text: f.write(text.encode()))
         if optimizer is not None:
             atomic_file(tmp / OPTIMIZER, lambda t: torch.save(optimizer, t))
         atomic_write(tmp / STATE, lambda f: f.write(state_text.encode()))

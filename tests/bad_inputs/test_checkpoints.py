@@ -46,9 +46,9 @@ def test_files_no_checkpoint_holds_survive_a_save(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     new = tiny(1)
     save_pretrained(new, tmp_path, layout="zoo")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "model.safetensors", "recipe.yaml",
-                                                          "tokenizer.json"]
-    assert (tmp_path / "README.md").read_text() == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                          "recipe.yaml", "tokenizer.json", "xlstm_zoo_hf.py"]
+    assert (tmp_path / "README.md").read_text() == "my notes", "a README that is not our model card is the user's"
     assert_weights(from_pretrained(tmp_path), new)
 
 

@@ -120,7 +120,7 @@ def test_generate_command_with_a_torn_tokenizer(run_cli, checkpoint, tmp_path):
     (torn / "tokenizer.json").write_text(text[: len(text) // 2])
     code, out, err = run_cli("generate", torn, "--prompt", "w1 w2", "--greedy")
     assert code == 2 and out == ""
-    assert "tokenizer.json is not a tokenizer" in err and len(err.strip().splitlines()) == 1, err
+    assert "tokenizer.json: not a tokenizer" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_generate_command_with_a_tokenizer_for_a_larger_vocabulary(run_cli, checkpoint, tmp_path):

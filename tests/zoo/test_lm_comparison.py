@@ -7,7 +7,7 @@ import pytest
 
 from xlstm_zoo import build, load_recipe
 from xlstm_zoo.grid.expand import expand
-from xlstm_zoo.training.counts import parameter_counts
+from xlstm_zoo.models.counts import parameter_counts
 
 ROWS = {"xLSTM[1:0]", "xLSTM[7:1]", "xLSTM[1:1]", "Llama", "Mamba", "RWKV-4", "RetNet"}
 

@@ -19,7 +19,8 @@ from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.registry import registry
 from xlstm_zoo.tasks.corpus import read_documents
 from xlstm_zoo.tasks.text_lm import TextLM, TextLMConfig, split_documents
-from xlstm_zoo.training.counts import parameter_counts
+from xlstm_zoo.tasks.tokenizer import BytesTokenizer, bytes_tokenizer_json, saved_tokenizer
+from xlstm_zoo.models.counts import parameter_counts
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import train
 
@@ -212,7 +213,6 @@ def test_tokenized_once_then_read_from_the_cache(tmp_path, monkeypatch):
     corpus = write_corpus(tmp_path / "c")
     first = task(tmp_path, corpus)
     assert first.streams.meta["mb_per_s"] > 0 and first.streams.meta["text_bytes"] > 0
-    from xlstm_zoo.tasks.tokenizer import BytesTokenizer
 
     def refuse(self, texts):
         raise AssertionError("tokenized again")
@@ -328,8 +328,11 @@ def test_training_feeds_doc_starts_and_reports_lm_metrics(tmp_path, monkeypatch)
     train_records = [r for r in records if r.get("split") == "train"]
     assert [r["tokens"] for r in train_records] == [64, 128, 192, 256]
     assert all(r["tokens_per_second"] > 0 for r in train_records)
-    saved = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
-    assert saved["type"] == "bytes" and saved["vocab_size"] == 257
+    # the tokenizer travels in the transformers layout, in the run directory and the checkpoint
+    assert isinstance(saved_tokenizer(tmp_path / "run" / "checkpoint", vocab_size=257), BytesTokenizer)
+    assert (tmp_path / "run" / "tokenizer.json").read_text() == bytes_tokenizer_json()
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json"} <= {p.name for p in (tmp_path / "run" /
+                                                                                         "checkpoint").iterdir()}
     _, _, state = load_checkpoint(tmp_path / "run" / "checkpoint")
     assert state["tokenizer"]["vocab_size"] == 257 and state["tokenizer"]["type"] == "bytes"
 

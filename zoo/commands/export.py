@@ -28,6 +28,7 @@ from xlstm_zoo.export import DTYPES, StepModule, export_step, parse_batch, versi
 from xlstm_zoo.export import tensorrt as trt_export
 from xlstm_zoo.export.step_model import prepare_model
 from xlstm_zoo.export.validate import TOLERANCES
+from xlstm_zoo.interop.files import carry
 from xlstm_zoo.recipe import build, load_recipe
 from xlstm_zoo.registry import Command
 
@@ -88,6 +89,9 @@ def run(args) -> int:
     result = export_step(model, args.out, batch=batch, opset=args.opset, dtype=args.dtype, rollout_steps=args.rollout,
                          prefill=args.prefill, source=name, threads=args.threads, reset=args.reset)
     print_result(result, out)
+    carried = carry(args.source, args.out)  # the checkpoint's model card and tokenizer go with the exported model
+    if carried:
+        out.print(f"kept from {escape(args.source)}: {', '.join(carried)}", highlight=False, soft_wrap=True)
     ok = result.ok
     if fmt == "tensorrt":
         ok = _tensorrt(result, model, out) and ok

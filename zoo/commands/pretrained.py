@@ -9,7 +9,9 @@
 (``--to zoo``: recipe.yaml + model.safetensors + convert.json; ``--to hf``: a directory
 ``transformers`` loads). ``--dry-run`` prints the mapping table and writes nothing. ``--check`` runs
 the official implementation (the ``xlstm`` package) on the same weights and prints the largest
-logit difference. ``generate`` needs ``tokenizer.json`` in DIR and the ``tokenizers`` package.
+logit difference; the source's tokenizer and model card (README.md) go with the weights. ``generate`` uses
+the tokenizer saved with DIR (its ``tokenizer.json``; a run's ``checkpoint/``: the run's), for a BPE or
+Hugging Face one through the ``tokenizers`` package.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from rich.markup import escape
 from xlstm_zoo.checkpoint import atomic_write, json_text
 from xlstm_zoo.commands.output import console, show, table
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.interop.files import carry
 from xlstm_zoo.models.tokens import check_generation
 from xlstm_zoo.pretrained import PROVENANCE, from_pretrained, plan, save_pretrained
 from xlstm_zoo.pretrained.check import max_logit_difference, require
 from xlstm_zoo.registry import Command
+from xlstm_zoo.tasks.tokenizer import saved_tokenizer
 
 DTYPES = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,6 +54,7 @@ def _convert_arguments(c) -> None:
     c.add_argument("--check", action="store_true", help="compare logits with the official implementation")
     c.add_argument("--tokens", type=int, default=64, metavar="N", help="tokens per row for --check (default 64)")
     c.add_argument("--dry-run", action="store_true", help="print the mapping table; write nothing")
+    c.add_argument("--license", metavar="ID", help="the model card's licence field, e.g. apache-2.0 (--to zoo)")
 
 
 def run_convert(args) -> int:
@@ -71,7 +76,8 @@ def run_convert(args) -> int:
     if args.check:
         require(p.opened)
     model = from_pretrained(args.source, dtype=dtype, layout=args.layout, config=args.config)
-    files = save_pretrained(model, args.out, layout=args.to)
+    files = save_pretrained(model, args.out, layout=args.to, license=args.license)
+    files += [name for name in carry(args.source, args.out) if name not in files]
     kept = sorted(p.name for p in Path(args.out).iterdir() if p.name not in files)  # the user's, carried over
     console.print(f"wrote {escape(str(args.out))}: {', '.join(files)}" + (f" (kept: {escape(', '.join(kept))})"
                   if kept else ""), highlight=False, soft_wrap=True)
@@ -111,17 +117,16 @@ def _generate_arguments(c) -> None:
 
 
 def run_generate(args) -> int:
-    try:  # optional: the 'hf' extra
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ConfigError("generate needs the tokenizers package: pip install 'xlstm-zoo[hf]'") from None
     directory = Path(args.source)
     check_generation(args.max_new_tokens, args.temperature, args.top_k, args.greedy)  # before loading anything
-    tokenizer = _tokenizer(Tokenizer, directory)
+    tokenizer = saved_tokenizer(directory)
+    if tokenizer is None:
+        raise ConfigError("no tokenizer saved here (tokenizer.json): generate works on checkpoints that ship one",
+                          file=str(directory))
     model = from_pretrained(directory, dtype=_dtype(args.dtype))
-    _tokenizer_fits(tokenizer, model.embedding.num_embeddings, directory)
+    tokenizer.check_fits(model.embedding.num_embeddings, str(directory))
     info = _generation_info(model, directory)
-    ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+    ids = [int(i) for i in tokenizer.encode_batch([args.prompt])[0]]
     bos = info.get("bos_token_id")
     if (args.bos if args.bos is not None else info.get("force_bos_token_insert", False)) and bos is not None:
         if not ids or ids[0] != bos:
@@ -130,8 +135,7 @@ def run_generate(args) -> int:
         raise ConfigError("the prompt encodes to no tokens (give some text, or --bos)")
     eos = info.get("eos_token_id")
     generator = torch.Generator().manual_seed(args.seed)
-    out, prefix = [], tokenizer.decode(ids)
-    shown = prefix
+    out, shown = [], tokenizer.decode(ids)
     sys.stdout.write(args.prompt)
     for token in model.stream(torch.tensor([ids]), args.max_new_tokens, greedy=args.greedy,
                               temperature=args.temperature, top_k=args.top_k, generator=generator,
@@ -146,27 +150,6 @@ def run_generate(args) -> int:
             shown = text
     sys.stdout.write("\n")
     return 0
-
-
-def _tokenizer(Tokenizer, directory: Path):
-    path = directory / "tokenizer.json"
-    if not path.is_file():
-        raise ConfigError("no tokenizer.json here: generate works on checkpoints that ship one", file=str(directory))
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as err:  # the tokenizers package raises a bare Exception for a file it cannot parse
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(f"tokenizer.json is not a tokenizer the tokenizers package can read ({reason})",
-                          file=str(path)) from None
-
-
-def _tokenizer_fits(tokenizer, vocab_size: int, directory: Path) -> None:
-    """Every id the tokenizer can produce must be a row of the model's embedding."""
-    largest = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
-    if largest >= vocab_size:
-        raise ConfigError(f"tokenizer.json has ids up to {largest} but the model's vocabulary is {vocab_size} "
-                          f"(ids 0..{vocab_size - 1}): this tokenizer belongs to another model",
-                          file=str(directory / "tokenizer.json"))
 
 
 def _generation_info(model, directory: Path) -> dict:

@@ -20,12 +20,14 @@ from torch import nn
 
 from xlstm_zoo.checkpoint import atomic_write, json_text, recipe_text, replace_directory
 from xlstm_zoo.errors import ConfigError
+from xlstm_zoo.interop import card, files as hf_files
 from xlstm_zoo.pretrained import baselines, large, neurips, rwkv, zoo_layout
 from xlstm_zoo.pretrained.load import build_meta, load_into
 from xlstm_zoo.pretrained.mapping import MappingError, Rule
 from xlstm_zoo.pretrained.sources import LAYOUTS, Opened, open_checkpoint
 from xlstm_zoo.pretrained.tensorfile import write_sharded
-from xlstm_zoo.recipe import Recipe
+from xlstm_zoo.recipe import Recipe, load_recipe
+from xlstm_zoo.tasks.tokenizer import saved_tokenizer
 from xlstm_zoo.version import __version__
 
 __all__ = ["LAYOUTS", "MappingError", "PROVENANCE", "Plan", "Rule", "from_pretrained", "plan", "save_pretrained"]
@@ -75,7 +77,7 @@ def plan(path, *, layout: str = "auto", config=None) -> Plan:
     elif opened.layout == "neurips":
         data = neurips.recipe(opened.config, opened.source, opened.name)
     else:
-        data = zoo_layout.recipe_data(Path(path))
+        data = zoo_layout.recipe_data(Path(path), opened.source)
     return Plan(opened, data)
 
 
@@ -104,20 +106,36 @@ def _provenance(p: Plan, path, model) -> dict:
 
 
 def save_pretrained(model: nn.Module, directory, *, layout: str = "zoo", max_shard_size: int = 5 * 10**9,
-                    recipe=None) -> list[str]:
+                    recipe=None, tokenizer=None, license: str | None = None) -> list[str]:
     """Write ``model`` (in the dtype it has) to ``directory``: ``layout="zoo"`` (``recipe.yaml`` +
-    ``model.safetensors``) or ``"hf"`` (``config.json`` + ``model.safetensors``, sharded past
-    ``max_shard_size`` bytes, loadable by ``transformers``). The directory is replaced as a whole
+    ``model.safetensors``, and for transformers ``config.json``, the ``trust_remote_code`` module and a
+    README.md model card: :mod:`xlstm_zoo.interop`) or ``"hf"`` (the official Hugging Face layout of
+    the model's architecture: ``config.json`` + ``model.safetensors``, sharded past ``max_shard_size``
+    bytes). ``tokenizer``: a :class:`~xlstm_zoo.tasks.tokenizer.TextTokenizer` to save beside it in the
+    transformers layout (default: the one saved with the directory the model was loaded from);
+    ``license``: the card's licence field. The directory is replaced as a whole
     (:func:`xlstm_zoo.checkpoint.replace_directory`): no file of a checkpoint saved there before
-    stays for a reader to take; other files (a README, a tokenizer) are kept. Returns the file
-    names written."""
+    stays for a reader to take; other files (a README that is not our card, a tokenizer) are kept.
+    Returns the file names written."""
     recipe = recipe or getattr(model, "recipe", None)
     files: list[str] = []
     if layout == "zoo":
-        recipe_yaml = recipe_text(recipe if recipe is not None else Recipe(model=model.config))
+        recipe = load_recipe(recipe if recipe is not None else Recipe(model=model.config))
+        recipe_yaml = recipe_text(recipe)
+        source = (getattr(model, "provenance", None) or {}).get("source")
+        if tokenizer is None and source:
+            tokenizer = saved_tokenizer(source)
+        if tokenizer is not None:  # refused before anything is written
+            tokenizer.check_fits(model.embedding.num_embeddings, str(directory))
+        extra = hf_files.model_files(recipe, model, tokenizer)
+        if card.is_ours(Path(directory) / card.README):
+            extra[card.README] = card.model_card(recipe, model, tokenizer=tokenizer, source=source, license=license)
 
         def fill(tmp: Path) -> None:
             files.extend(zoo_layout.write(tmp, recipe_yaml, model))
+            for name, text in extra.items():
+                atomic_write(tmp / name, lambda f, text=text: f.write(text.encode()))
+                files.append(name)
             _write_provenance(tmp, model, files)
     elif layout == "hf":
         export = (rwkv.hf_export if rwkv.is_rwkv(model.config) else

@@ -72,8 +72,9 @@ def open_checkpoint(path: str | Path, *, layout: str = "auto", config: str | Pat
 
 
 def _open_dir(path: Path, layout: str, config) -> Opened:
-    found = ("hf" if (path / "config.json").is_file() else "xlstm_large" if (path / "config.yaml").is_file()
-             else "zoo" if (path / "recipe.yaml").is_file() else None)
+    # recipe.yaml first: a zoo directory also holds a config.json, for transformers (xlstm_zoo.interop)
+    found = ("zoo" if (path / "recipe.yaml").is_file() else "hf" if (path / "config.json").is_file()
+             else "xlstm_large" if (path / "config.yaml").is_file() else None)
     if layout == "auto":
         layout = found
     if layout is None or layout == "neurips":

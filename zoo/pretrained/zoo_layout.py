@@ -10,6 +10,7 @@ import torch
 
 from xlstm_zoo.checkpoint import RECIPE, WEIGHTS, write_model_files
 from xlstm_zoo.pretrained.mapping import Rule, targets
+from xlstm_zoo.pretrained.tensorfile import TensorSource
 from xlstm_zoo.recipe import read_yaml
 
 
@@ -19,8 +20,15 @@ def write(directory: Path, recipe_yaml: str, model: torch.nn.Module) -> list[str
     return [RECIPE, WEIGHTS]
 
 
-def recipe_data(directory: Path) -> dict:
-    return read_yaml(directory / RECIPE)
+def recipe_data(directory: Path, source: TensorSource) -> dict:
+    """The recipe; a ``model.vocab_size: null`` (taken from the task when training) is read from the embedding's
+    shape, so loading a run's checkpoint does not build its task (read and tokenize its corpus)."""
+    data = read_yaml(directory / RECIPE)
+    model = data.get("model") if isinstance(data, dict) else None
+    if isinstance(model, dict) and "vocab_size" in model and model["vocab_size"] is None \
+            and "embedding.weight" in source.keys():
+        model["vocab_size"] = source.shape("embedding.weight")[0]
+    return data
 
 
 def rules(model: torch.nn.Module) -> list[Rule]:

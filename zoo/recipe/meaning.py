@@ -34,7 +34,7 @@ def implementations(recipe) -> dict[str, str]:
     implementation overrode another (a plugin's ``override=True``): the same config then computes
     something else, so it must not match results or checkpoints made with the other one."""
     found: dict[str, str] = {}
-    for kind, name in _components(recipe):
+    for kind, name in components(recipe):
         if kind == "logger":  # where metrics go, not what is computed
             continue
         try:
@@ -46,19 +46,19 @@ def implementations(recipe) -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
-def _components(value, kind: str | None = None):
+def components(value, kind: str | None = None):
     """(kind, type) of every component config in a validated recipe tree."""
     if isinstance(value, BaseModel):
         if kind is not None and isinstance(getattr(value, "type", None), str):
             yield kind, value.type
         for name, field in type(value).model_fields.items():
-            yield from _components(getattr(value, name, None), component_kind_of(field))
+            yield from components(getattr(value, name, None), component_kind_of(field))
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _components(item, kind)
+            yield from components(item, kind)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _components(item, kind)
+            yield from components(item, kind)
 
 
 def meaning_digest(recipe) -> str:

@@ -194,8 +194,9 @@ class TextLM(Task):
 
     # -- what a run keeps ------------------------------------------------------------------------
     def run_files(self) -> dict[str, str]:
-        """Files for the run directory: the tokenizer (so generate, convert and a resumed run use it)."""
-        return {"tokenizer.json": self.tokenizer.to_json()}
+        """Files for the run directory: the tokenizer in the transformers layout (generate, convert and a resumed
+        run use it; checkpoints hold it too)."""
+        return self.tokenizer.hf_files()
 
     def checkpoint_state(self) -> dict:
         return {"tokenizer": {**self.tokenizer.describe(), "json": self.tokenizer.to_json()}}

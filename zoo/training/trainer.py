@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +28,13 @@ from xlstm_zoo.checkpoint import STATE, atomic_write, find_checkpoint, load_chec
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, WriteError, ZooError
 from xlstm_zoo.initialization import KEEP, parameter_roles
+from xlstm_zoo.interop.files import model_files
 from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
 from xlstm_zoo.training import signals
 from xlstm_zoo.training.early_stop import EarlyStopper
 from xlstm_zoo.training.distributed import DistContext, all_reduce_sum, check_split, reduce_scores, sum_hook
-from xlstm_zoo.training.counts import parameter_counts
+from xlstm_zoo.models.counts import parameter_counts
 from xlstm_zoo.training.metrics import MetricsLog, read_metrics
 from xlstm_zoo.training.preflight import check_device, probe_failed_plugins
 from xlstm_zoo.training.resume import between_steps, check_implementations, restore_between_steps
@@ -235,6 +238,7 @@ class _Run:
     stopper: EarlyStopper | None = None  # train.early_stop
     stopped: bool = False           # the early-stop rule was met (a resumed run: it had been)
     scores: dict | None = None      # the last periodic evaluation, per split
+    model_files: dict = field(default_factory=dict)  # written into every checkpoint: what transformers reads
 
     @classmethod
     def prepare(cls, recipe, cfg, ctx: DistContext, rows: int, device: str, run_dir: Path | None) -> "_Run":
@@ -264,6 +268,7 @@ class _Run:
             log.restart()
         if run_dir is not None and ctx.is_main:
             write_task_files(task, run_dir)
+            run.model_files = model_files(recipe, model, getattr(task, "tokenizer", None))
         run.safe = run.saved = run.start
         ctx.barrier()  # rank 0 has truncated metrics.jsonl before anyone goes on
         # listed once: model.parameters() walks every submodule each time
@@ -356,9 +361,9 @@ class _Run:
         if self.run_dir is not None and self.ctx.is_main:
             try:
                 save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
-                                optimizer=self.optimizer.state_dict(), step=step,
+                                optimizer=self.optimizer.state_dict(), files=self.model_files, step=step,
                                 **between_steps(self.stopper, self.device, self.recipe), **task_state(self.task),
-                                **state)
+                                **cli_command(), **state)
             except OSError as err:  # a full disk: the save wrote into a temporary directory, now removed
                 kept = f"the checkpoint of step {self.saved} is kept" if self.saved else "no checkpoint was written yet"
                 raise WriteError.of(self.run_dir / CHECKPOINT, err, kept) from None
@@ -393,6 +398,15 @@ def write_task_files(task: Task, run_dir: Path) -> None:
     """A task's files for the run directory (text_lm: tokenizer.json), written atomically."""
     for name, text in getattr(task, "run_files", dict)().items():
         atomic_write(run_dir / name, lambda f, text=text: f.write(text.encode()))
+
+
+def cli_command() -> dict:
+    """``{"command": "xlstm-zoo train ..."}`` when this process is the xlstm-zoo command (the model card
+    shows it), else nothing: a Python caller's command line says nothing about the run."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if Path(sys.argv[0]).name == "xlstm-zoo" or getattr(main, "name", "") == "xlstm_zoo.__main__":
+        return {"command": shlex.join(["xlstm-zoo", *sys.argv[1:]])}
+    return {}
 
 
 def task_state(task: Task) -> dict:

@@ -22,7 +22,8 @@ def test_convert_check_writes_the_zoo_layout(large_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     diff = float(out.split("= ")[1].split()[0])
     assert diff < 1e-4, out
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {"recipe.yaml", "model.safetensors", "convert.json"}
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"recipe.yaml", "model.safetensors", "convert.json",
+                                                              "config.json", "xlstm_zoo_hf.py", "README.md"}
     provenance = json.loads((tmp_path / "out" / "convert.json").read_text())
     assert provenance["layout"] == "xlstm_large"
     assert provenance["check"]["max_abs_logit_difference"] == pytest.approx(diff, rel=1e-2)
