@@ -209,7 +209,7 @@ def save_checkpoint(path: str | Path, recipe, model: torch.nn.Module, *, optimiz
                     files: dict[str, str] | None = None, **state: Any) -> None:
     """Write the training checkpoint directory ``path`` as a whole: the model directory, the
     optimiser's ``state_dict()`` if given, ``files`` (name -> text: what transformers reads,
-    :func:`xlstm_zoo.interop.files.model_files`) and ``state`` (JSON values, e.g. ``step=``)."""
+    :func:`xlstm_zoo.model_files.files.model_files`) and ``state`` (JSON values, e.g. ``step=``)."""
     path = Path(path)
     state_text = json_text({"format": FORMAT, **state}, default=None) + "\n"  # fails before anything is written
     recipe_yaml = recipe_text(recipe)

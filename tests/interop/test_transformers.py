@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 import xlstm_zoo  # noqa: E402  (registers model_type xlstm_zoo)
 from xlstm_zoo.checkpoint import save_checkpoint  # noqa: E402
 from xlstm_zoo.errors import ConfigError  # noqa: E402
-from xlstm_zoo.interop.files import model_files  # noqa: E402
+from xlstm_zoo.model_files.files import model_files  # noqa: E402
 from xlstm_zoo.training.trainer import cli_command  # noqa: E402
 from xlstm_zoo.tasks.tokenizer import BPETokenizer, BPETokenizerConfig, BytesTokenizer, saved_tokenizer  # noqa: E402
 

@@ -28,7 +28,7 @@ from xlstm_zoo.export import DTYPES, StepModule, export_step, parse_batch, versi
 from xlstm_zoo.export import tensorrt as trt_export
 from xlstm_zoo.export.step_model import prepare_model
 from xlstm_zoo.export.validate import TOLERANCES
-from xlstm_zoo.interop.files import carry
+from xlstm_zoo.model_files.files import carry
 from xlstm_zoo.recipe import build, load_recipe
 from xlstm_zoo.registry import Command
 

@@ -26,7 +26,7 @@ from rich.markup import escape
 from xlstm_zoo.checkpoint import atomic_write, json_text
 from xlstm_zoo.commands.output import console, show, table
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.interop.files import carry
+from xlstm_zoo.model_files.files import carry
 from xlstm_zoo.models.tokens import check_generation
 from xlstm_zoo.pretrained import PROVENANCE, from_pretrained, plan, save_pretrained
 from xlstm_zoo.pretrained.check import max_logit_difference, require

@@ -1,10 +1,7 @@
 """Zoo models in the tools researchers already run: transformers' Auto classes and ``generate()``,
 lm-evaluation-harness, model cards (docs/transformers.md).
 
-- :mod:`.files`: what a model directory holds for transformers (``config.json`` with the recipe, the
-  ``trust_remote_code`` module), written and checked without importing transformers;
-- :mod:`.card`: the README.md model card;
-- :mod:`.hf`: the transformers classes (imports transformers);
+- :mod:`.hf`: the transformers classes (imports transformers), reading the files of :mod:`xlstm_zoo.model_files`;
 - ``lm_eval_tasks/``: a small offline lm-evaluation-harness task.
 
 ``import xlstm_zoo`` calls :func:`install`: it registers the classes with transformers' Auto classes

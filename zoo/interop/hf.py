@@ -1,7 +1,7 @@
 """xlstm-zoo models as transformers models: ``AutoConfig`` / ``AutoModelForCausalLM`` for ``model_type
 xlstm_zoo``, and ``generate()`` on the recurrent state.
 
-- :class:`XlstmZooConfig` holds the recipe (``config.json``, :mod:`xlstm_zoo.interop.files`);
+- :class:`XlstmZooConfig` holds the recipe (``config.json``, :mod:`xlstm_zoo.model_files.files`);
 - :class:`XlstmZooForCausalLM` wraps the zoo ``causal_lm`` (``.zoo``); ``from_pretrained`` reads a zoo
   model directory through the zoo's own strict loader (:mod:`xlstm_zoo.pretrained`), ``save_pretrained``
   writes one (recipe.yaml, model.safetensors, config.json, model card);
@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreT
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from xlstm_zoo.errors import ConfigError, InputError
-from xlstm_zoo.interop import files
+from xlstm_zoo.model_files import files
 from xlstm_zoo.pretrained import Plan, save_pretrained as zoo_save_pretrained
 from xlstm_zoo.pretrained.load import load_into
 from xlstm_zoo.pretrained.sources import open_checkpoint

@@ -20,7 +20,7 @@ from torch import nn
 
 from xlstm_zoo.checkpoint import atomic_write, json_text, recipe_text, replace_directory
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.interop import card, files as hf_files
+from xlstm_zoo.model_files import card, files as hf_files
 from xlstm_zoo.pretrained import baselines, large, neurips, rwkv, zoo_layout
 from xlstm_zoo.pretrained.load import build_meta, load_into
 from xlstm_zoo.pretrained.mapping import MappingError, Rule

@@ -28,7 +28,7 @@ from xlstm_zoo.checkpoint import STATE, atomic_write, find_checkpoint, load_chec
 from xlstm_zoo.config import BuildContext, build as build_component
 from xlstm_zoo.errors import ConfigError, WriteError, ZooError
 from xlstm_zoo.initialization import KEEP, parameter_roles
-from xlstm_zoo.interop.files import model_files
+from xlstm_zoo.model_files.files import model_files
 from xlstm_zoo.loggers.base import Loggers, RunInfo, build_loggers
 from xlstm_zoo.tasks.base import IGNORE, Task, merge_scores
 from xlstm_zoo.training import signals

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from xlstm_zoo.checkpoint import FORMAT, atomic_write, json_text
 from xlstm_zoo.errors import ConfigError, UnknownComponentError
-from xlstm_zoo.interop import card
+from xlstm_zoo.model_files import card
 from xlstm_zoo.recipe import Recipe, load_recipe
 from xlstm_zoo.recipe.meaning import components
 from xlstm_zoo.registry import registry
