@@ -129,7 +129,8 @@ def writable_dir(out_dir) -> Path:
 def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | None = None, dtype: str = "float32",
                 validate: bool = True, rollout_steps: int = 1000, prefill: int | None = None,
                 input_dim: int | None = None, name: str = "step", source: str = "",
-                threads: int | None = None, seed: int = 0, reset: bool = False) -> ExportResult:
+                threads: int | None = None, seed: int = 0, reset: bool = False,
+                token_dtype: torch.dtype = torch.int64) -> ExportResult:
     """Export ``model``'s recurrent step to ``out_dir/{name}.onnx`` and validate it.
 
     ``model`` is anything with ``init_state(batch)`` and ``step(x_t, state)``: a model from a recipe,
@@ -138,7 +139,8 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     writes ``{name}.prefill.onnx`` taking T tokens at once. ``validate`` runs onnxruntime against
     PyTorch at the batch sizes ``min``, ``opt`` and ``max`` and over ``rollout_steps`` steps from the
     zero and a random state. ``reset=True`` adds the input ``reset [batch]`` (bool: those rows restart
-    from the zero state before the step), validated with random resets in the rollouts. Also written:
+    from the zero state before the step), validated with random resets in the rollouts. ``token_dtype``:
+    the dtype of token ids (int64; int32 for TensorRT, whose index tensors are int32). Also written:
     ``{name}.json`` (names, shapes, zero-state values, opset, versions, validation). Check ``result.ok``;
     ``result.report`` has every number.
     """
@@ -155,7 +157,8 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     _check_toolchain()
     torch_dtype = DTYPES[dtype]
     work = prepare_model(model, torch_dtype)
-    signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__)
+    signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__,
+                                token_dtype=token_dtype)
     signature.reset = reset
     if validate:
         check_batch_fits(signature, batch, prefill)  # before anything is written
