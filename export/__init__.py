@@ -116,6 +116,8 @@ def _check_toolchain() -> None:
 def writable_dir(out_dir) -> Path:
     """Create ``out_dir`` if needed and prove that files can be written there (one-line error if not)."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output directory {str(out)!r} is a file; give a directory (it is created if missing)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".xlstm-zoo-probe-", dir=out)
