@@ -69,6 +69,8 @@ def fold_for_tensorrt(model):
     from polygraphy.backend.onnx import fold_constants, infer_shapes
 
     meta = [(p.key, p.value) for p in model.metadata_props]
+    for i, node in enumerate(model.graph.node):  # the fp16 conversion keeps nodes fp32 by name
+        node.name = node.name or f"{node.op_type}_{i}"
     graph = gs.import_onnx(model)
     graph.fold_constants().cleanup().toposort()
     with _quiet_polygraphy():
@@ -118,38 +120,74 @@ def to_float16(model, keep_fp32: set[str] = frozenset()):
     from onnxruntime.transformers.float16 import convert_float_to_float16  # the onnx extra
 
     # op_block_list=[]: onnxruntime's default list keeps Max/Min/Range/... in fp32 for its own CPU kernels
-    return convert_float_to_float16(model, keep_io_types=True, op_block_list=[], node_block_list=sorted(keep_fp32))
+    half = convert_float_to_float16(model, keep_io_types=True, op_block_list=[], node_block_list=sorted(keep_fp32))
+    _drop_round_trips(half)
+    return half
 
 
-def fp16_storage(model, model16):
-    """The fp32 ``model`` with every tensor that ``model16`` holds in fp16 rounded to fp16 where it is made."""
+def _drop_round_trips(model) -> None:
+    """Remove the converter's fp32 -> fp16 -> fp32 Cast pairs: it rounds every tensor between two fp32
+    nodes, graph inputs included, to fp16; a state or a recurrence kept fp32 must not be."""
+    import onnx  # optional dependency (the onnx extra)
+
+    def cast_to(node):
+        return next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    renamed, dropped = {}, set()
+    for up in model.graph.node:  # up: fp32 -> fp16; down: fp16 -> fp32
+        if cast_to(up) != onnx.TensorProto.FLOAT16:
+            continue
+        for down in consumers.get(up.output[0], []):
+            if cast_to(down) == onnx.TensorProto.FLOAT:
+                renamed[down.output[0]] = up.input[0]
+                dropped.add(id(down))
+    outputs = {o.name for o in model.graph.output}
+    keep = []
+    for n in model.graph.node:
+        if id(n) in dropped:
+            continue
+        n.input[:] = [renamed.get(i, i) for i in n.input]
+        keep.append(n)
+    used = {i for n in keep for i in n.input} | outputs
+    keep = [n for n in keep if cast_to(n) != onnx.TensorProto.FLOAT16 or n.output[0] in used]
+    for o in model.graph.output:  # an output that was a dropped Cast's: rename its producer
+        if o.name in renamed:
+            keep.append(onnx.helper.make_node("Identity", [renamed[o.name]], [o.name]))
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+
+
+def fp16_storage(model16):
+    """``model16`` computed in fp32, every tensor it holds in fp16 rounded to fp16 where it is made."""
     import onnx  # optional dependency (the onnx extra)
     from onnx import helper, numpy_helper
 
-    half = {v.name for v in model16.graph.value_info if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
-    half |= {t.name for t in model16.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
+    half, single = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    inferred = onnx.shape_inference.infer_shapes(model16)
+    is_half = {v.name for v in inferred.graph.value_info if v.type.tensor_type.elem_type == half}
     out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out.CopyFrom(model16)
     for t in out.graph.initializer:
-        if t.name in half and t.data_type == onnx.TensorProto.FLOAT:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16).astype(np.float32), t.name))
+        if t.data_type == half:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
     nodes = []
     for node in out.graph.node:
+        for a in node.attribute:
+            if a.name == "to" and a.i == half:  # a Cast to fp16: rounds, then fp32 again below
+                a.i = single
+                is_half.add(node.output[0])
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == half:  # Constant, ConstantOfShape
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
         nodes.append(node)
         for k, name in enumerate(node.output):
-            if name in half:
-                node.output[k] = name + ".fp32"
-                nodes.append(helper.make_node("Cast", [name + ".fp32"], [name + ".fp16"], to=onnx.TensorProto.FLOAT16))
-                nodes.append(helper.make_node("Cast", [name + ".fp16"], [name], to=onnx.TensorProto.FLOAT))
-    # inputs the fp16 graph casts down at once (keep_io_types): round them before their readers
-    cast_inputs = {n.input[0]: n.output[0] for n in model16.graph.node
-                   if n.op_type == "Cast" and n.input[0] in {i.name for i in out.graph.input}
-                   and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)}
-    for name in cast_inputs:
-        for node in nodes:
-            node.input[:] = [name + ".rounded" if i == name else i for i in node.input]
-        nodes[:0] = [helper.make_node("Cast", [name], [name + ".as_fp16"], to=onnx.TensorProto.FLOAT16),
-                     helper.make_node("Cast", [name + ".as_fp16"], [name + ".rounded"], to=onnx.TensorProto.FLOAT)]
+            if name in is_half:
+                node.output[k] = name + ".unrounded"
+                nodes += [helper.make_node("Cast", [name + ".unrounded"], [name + ".fp16"], to=half),
+                          helper.make_node("Cast", [name + ".fp16"], [name], to=single)]
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     del out.graph.value_info[:]
@@ -198,6 +236,44 @@ def tensor_ranges(model, signature: StepSignature, *, batch: int, steps: int, se
     return worst
 
 
+MATMULS = {"Gemm", "MatMul", "Einsum", "Conv", "ConvTranspose"}
+# ops that only move, select or reshape values: a state whose update is made of these (a conv window, an
+# attention cache, a token shift) holds inputs and accumulates no rounding
+MOVES = {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Concat", "Split", "Gather", "Expand",
+         "Where", "Flatten", "Shape", "Cast"}
+
+
+def _reach(nodes, start: set[str], forward: bool) -> set[str]:
+    """Tensors reached from ``start`` through ``nodes`` (graph order: topological) forwards or backwards."""
+    seen = set(start)
+    for node in (nodes if forward else reversed(nodes)):
+        src, dst = (node.input, node.output) if forward else (node.output, node.input)
+        if seen.intersection(src):
+            seen.update(dst)
+    return seen
+
+
+def recurrence_nodes(model, signature: StepSignature) -> set[str]:
+    """The recurrence: nodes on a path from an accumulating state's input to any state output, and the nodes
+    that feed them after the last matmul (gate activations, k v^T). The fp16 graph keeps these in fp32, as
+    the zoo's fp16 compute does (cell cores in fp32 on the fp16 projections' outputs; states fp32 whatever
+    the compute dtype): fp16 there drifts, e.g. log sigmoid(f) near 0 loses its digits in 1 + exp(-|f|),
+    and the decay compounds that every step. A state whose update only moves values (conv window, cache,
+    token shift) starts no such path, so the projections it feeds stay fp16."""
+    nodes = list(model.graph.node)
+    leads_out = _reach(nodes, {NEXT + n for n in signature.state_names}, forward=False)
+    accumulating = set()
+    for name in signature.state_names:
+        on_path = _reach(nodes, {name}, True) & _reach(nodes, {NEXT + name}, False)
+        if any(n.op_type not in MOVES and on_path.intersection(n.output) for n in nodes):
+            accumulating.add(name)
+    reached = _reach(nodes, accumulating, forward=True)
+    core = [n for n in nodes if reached.intersection(n.output) and leads_out.intersection(n.output)]
+    # and what feeds it after the last matmul (gate activations, k v^T): fp32 from the projections' outputs on
+    feeding = _reach([n for n in nodes if n.op_type not in MATMULS], {i for n in core for i in n.input}, forward=False)
+    return {n.name for n in core} | {n.name for n in nodes if n.op_type not in MATMULS and feeding.intersection(n.output)}
+
+
 def guard_nodes(model, over: dict[str, float]) -> set[str]:
     """The nodes that make or read a tensor beyond fp16's range: they stay fp32 in the fp16 graph."""
     return {node.name for node in model.graph.node
@@ -237,7 +313,8 @@ class DeployReport:
     profile: dict
     artefacts: list[Artefact] = field(default_factory=list)
     ranges: dict[str, float] = field(default_factory=dict)
-    kept_fp32: list[str] = field(default_factory=list)
+    kept_fp32: list[str] = field(default_factory=list)   # by the guard
+    recurrence: int = 0                                   # recurrence nodes kept fp32 in the fp16 graph
     seconds: float = 0.0
     output: str = ""
     report_path: Path | None = None
@@ -271,6 +348,7 @@ class DeployReport:
                            "largest": _num(max(self.ranges.values(), default=0.0)),
                            "over": {n: _num(v) for n, v in sorted(self.over_fp16.items())},
                            "kept_fp32": self.kept_fp32},
+            "fp16_recurrence_nodes_in_fp32": self.recurrence,
             "seconds": round(self.seconds, 1),
         }
 
@@ -299,7 +377,11 @@ class DeployReport:
         lines += [f"- `{n}`: {v:.3g}" for n, v in sorted(over.items(), key=lambda kv: -kv[1])] or \
             ["No tensor leaves the fp16 range."]
         if self.kept_fp32:
-            lines += ["", "Kept fp32 in the fp16 graph: " + ", ".join(f"`{n}`" for n in self.kept_fp32)]
+            lines += ["", "Kept fp32 in the fp16 graph for the guard: " + ", ".join(f"`{n}`" for n in self.kept_fp32)]
+        if self.recurrence:
+            lines += ["", f"The fp16 graph keeps the recurrence in fp32: {self.recurrence} nodes on paths from an "
+                          "accumulating state's input to a state output (states are fp32 whatever the compute "
+                          "dtype)."]
         return "\n".join(lines) + "\n"
 
 
@@ -328,10 +410,11 @@ def deploy_tensorrt(result, model, *, steps: int = DEFAULT_STEPS, threads: int |
         if result.dtype == "float32":  # an fp32 export: the fp16 graph, guarded
             report.ranges = tensor_ranges(folded, signature, batch=result.example_batch, steps=steps, seed=seed,
                                           threads=threads)
-            keep = guard_nodes(folded, report.over_fp16)
-            report.kept_fp32 = sorted(keep)
+            keep = recurrence_nodes(folded, signature) | guard_nodes(folded, report.over_fp16)
+            report.recurrence = len(recurrence_nodes(folded, signature))
+            report.kept_fp32 = sorted(guard_nodes(folded, report.over_fp16))
             half = to_float16(folded, keep)
-            graphs += [("fp16", half), ("fp16 storage (emulated)", fp16_storage(folded, half))]
+            graphs += [("fp16", half), ("fp16 storage (emulated)", fp16_storage(half))]
         others = [b for b in result.validation_batches if b != result.example_batch]
         for precision, graph in graphs:
             emulated = precision.endswith("(emulated)")
@@ -340,7 +423,7 @@ def deploy_tensorrt(result, model, *, steps: int = DEFAULT_STEPS, threads: int |
             violations = [] if emulated else check_step_graph(graph, signature, batch)
             validation = validate_step(path, module, signature, batches=result.validation_batches, rollout_steps=steps,
                                        rollout_batch=others[0] if others else None, seed=seed, threads=threads,
-                                       dtype=result.dtype if graph is folded else "float16 graph")
+                                       dtype=result.dtype if graph is folded else "float16")
             if emulated:  # a measuring device, not an artefact
                 path.unlink()
             ops: dict = {}
