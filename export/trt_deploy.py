@@ -5,10 +5,11 @@
 - ``{name}.trt.onnx``: constant folding (onnx-graphsurgeon), then what ``polygraphy surgeon sanitize
   --fold-constants`` runs (polygraphy's FoldConstants and shape inference, called in-process), then
   constant ``indices`` made int32;
-- ``{name}.trt.fp16.onnx``: the same in fp16, weights and activations (onnxruntime's float16
-  converter, the code of onnxconverter-common's, shipped with onnxruntime: no further dependency;
-  inputs and outputs keep their dtypes, so the engine binds the same buffers as the fp32 one), except
-  the nodes the fp16 overflow guard keeps in fp32;
+- ``{name}.trt.fp16.onnx``: the same with fp16 weights and activations (onnxruntime's float16 converter,
+  the code of onnxconverter-common's shipped with onnxruntime: no further dependency); inputs and
+  outputs keep their dtypes, so an fp16 engine binds the same buffers as the fp32 one. The recurrence
+  stays fp32 (:func:`recurrence_nodes`), as do the nodes the fp16 overflow guard names, and the
+  converter's fp32 -> fp16 -> fp32 Cast pairs are removed (:func:`_drop_round_trips`);
 - ``{name}.trt.json`` and ``{name}.trt.md``: the report: the optimisation profile, the static rules
   (:mod:`xlstm_zoo.export.trt_check`) on both graphs, the validation of both against PyTorch fp32 in
   onnxruntime (per step at each batch size, and over rollouts from the zero and a random state), and
@@ -16,13 +17,13 @@
 
 The **fp16 overflow guard** runs the fp32 graph with every intermediate tensor exposed over the same
 rollouts and names each tensor whose largest finite magnitude exceeds fp16's 65504; the nodes that
-produce or read such a tensor stay fp32 in the fp16 graph (so the value is never cast to fp16).
+make or read such a tensor stay fp32 in the fp16 graph (so the value is never cast to fp16).
 
 onnxruntime's CPU provider runs many fp16 ops by casting to fp32 and back, and drops the casts between
-such ops, so the fp16 graph there is partly computed in fp32. The report therefore also measures the
-**fp16-storage** model: the fp32 graph with every tensor the fp16 graph holds in fp16 rounded to fp16
-after the node that makes it (a Cast pair; onnxruntime keeps lossy casts): each op computed in fp32 on
-fp16 inputs, its output stored in fp16, as a GPU kernel does. Its error bounds the fp16 graph's.
+such ops, so the fp16 graph there is partly computed in fp32. The report therefore also validates the
+**fp16-storage** model (:func:`fp16_storage`): the fp16 graph computed in fp32 with every tensor it holds
+in fp16 rounded to fp16 where it is made (a Cast pair; onnxruntime keeps lossy casts), as a GPU kernel
+computes in fp32 registers and stores fp16. It is validated, not written.
 """
 
 from __future__ import annotations
@@ -274,6 +275,16 @@ def recurrence_nodes(model, signature: StepSignature) -> set[str]:
     return {n.name for n in core} | {n.name for n in nodes if n.op_type not in MATMULS and feeding.intersection(n.output)}
 
 
+def held_in_fp16(model16) -> set[str]:
+    """The tensors the nodes of ``model16`` make in fp16."""
+    import onnx  # optional dependency (the onnx extra)
+
+    made = {o for n in model16.graph.node for o in n.output}
+    inferred = onnx.shape_inference.infer_shapes(model16)
+    return {v.name for v in inferred.graph.value_info
+            if v.name in made and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
+
+
 def guard_nodes(model, over: dict[str, float]) -> set[str]:
     """The nodes that make or read a tensor beyond fp16's range: they stay fp32 in the fp16 graph."""
     return {node.name for node in model.graph.node
@@ -314,6 +325,7 @@ class DeployReport:
     artefacts: list[Artefact] = field(default_factory=list)
     ranges: dict[str, float] = field(default_factory=dict)
     kept_fp32: list[str] = field(default_factory=list)   # by the guard
+    over_in_fp16: list[str] = field(default_factory=list)  # beyond 65504 yet held in fp16: must stay empty
     recurrence: int = 0                                   # recurrence nodes kept fp32 in the fp16 graph
     seconds: float = 0.0
     output: str = ""
@@ -329,7 +341,7 @@ class DeployReport:
 
     @property
     def ok(self) -> bool:
-        return all(a.ok for a in self.artefacts)
+        return all(a.ok for a in self.artefacts) and not self.over_in_fp16
 
     def as_dict(self) -> dict:
         table = trt_supported_ops()
@@ -347,7 +359,7 @@ class DeployReport:
             "fp16_guard": {"limit": FP16_MAX, "tensors": len(self.ranges),
                            "largest": _num(max(self.ranges.values(), default=0.0)),
                            "over": {n: _num(v) for n, v in sorted(self.over_fp16.items())},
-                           "kept_fp32": self.kept_fp32},
+                           "kept_fp32": self.kept_fp32, "over_in_fp16": self.over_in_fp16},
             "fp16_recurrence_nodes_in_fp32": self.recurrence,
             "seconds": round(self.seconds, 1),
         }
@@ -376,6 +388,9 @@ class DeployReport:
                   f"{max(self.ranges.values(), default=0.0):.3g}."]
         lines += [f"- `{n}`: {v:.3g}" for n, v in sorted(over.items(), key=lambda kv: -kv[1])] or \
             ["No tensor leaves the fp16 range."]
+        if over:
+            lines += ["", "Of these, held in fp16 by the fp16 graph: " +
+                      (", ".join(f"`{n}`" for n in self.over_in_fp16) or "none (each is made and read in fp32)")]
         if self.kept_fp32:
             lines += ["", "Kept fp32 in the fp16 graph for the guard: " + ", ".join(f"`{n}`" for n in self.kept_fp32)]
         if self.recurrence:
@@ -414,6 +429,7 @@ def deploy_tensorrt(result, model, *, steps: int = DEFAULT_STEPS, threads: int |
             report.recurrence = len(recurrence_nodes(folded, signature))
             report.kept_fp32 = sorted(guard_nodes(folded, report.over_fp16))
             half = to_float16(folded, keep)
+            report.over_in_fp16 = sorted(set(report.over_fp16) & held_in_fp16(half))
             graphs += [("fp16", half), ("fp16 storage (emulated)", fp16_storage(half))]
         others = [b for b in result.validation_batches if b != result.example_batch]
         for precision, graph in graphs:
@@ -423,7 +439,7 @@ def deploy_tensorrt(result, model, *, steps: int = DEFAULT_STEPS, threads: int |
             violations = [] if emulated else check_step_graph(graph, signature, batch)
             validation = validate_step(path, module, signature, batches=result.validation_batches, rollout_steps=steps,
                                        rollout_batch=others[0] if others else None, seed=seed, threads=threads,
-                                       dtype=result.dtype if graph is folded else "float16")
+                                       dtype=result.dtype if graph is folded else "float16 graph")
             if emulated:  # a measuring device, not an artefact
                 path.unlink()
             ops: dict = {}

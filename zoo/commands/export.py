@@ -2,14 +2,16 @@
 
     xlstm-zoo export RECIPE_OR_CHECKPOINT --format onnx|tensorrt --out DIR [--batch MIN,OPT,MAX]
                      [--opset N] [--dtype float32|float16] [--set PATH=VALUE] [--rollout N]
-                     [--prefill T] [--threads N]
+                     [--prefill T] [--threads N] [--check] [--deploy-rollout N]
 
 Prints the versions, the opset, the file size, an operator histogram (with TensorRT support per
 operator), the graph checks and the validation table. Exit status: 0 when everything passed, 1
-when a check failed, 2 for a usage or configuration error (one line). With ``--format tensorrt``
-where TensorRT, torch-tensorrt or a GPU is missing, one line says so, the validated ONNX is still
-written, and the ``trtexec`` command that builds the engine elsewhere is printed (exit status 0
-if the ONNX passed).
+when a check failed, 2 for a usage or configuration error (one line). ``--format tensorrt`` exports
+int32 token ids, then writes and validates the deployment rewrites (``xlstm_zoo.export.trt_deploy``:
+the folded fp32 graph, the fp16 graph, the report) and checks the TensorRT rules on both; ``--check``
+makes a broken rule fail the command (exit status 1, one line naming the node and the rule). Where
+TensorRT, torch-tensorrt or a GPU is missing, one line says so and the ``trtexec`` command that builds
+the engine elsewhere is printed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from rich.table import Table
 
 from xlstm_zoo.checkpoint import load_checkpoint
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.export import DTYPES, StepModule, export_step, parse_batch, versions
+from xlstm_zoo.export import DTYPES, StepModule, check_toolchain, export_step, parse_batch, versions
 from xlstm_zoo.export import tensorrt as trt_export
 from xlstm_zoo.export.step_model import prepare_model
 from xlstm_zoo.export.trt_deploy import DEFAULT_STEPS, deploy_tensorrt
@@ -90,6 +92,7 @@ def run(args) -> int:
         raise ConfigError("--check checks the TensorRT rules: it needs --format tensorrt")
     if args.deploy_rollout < 1:
         raise ConfigError(f"--deploy-rollout must be >= 1, got {args.deploy_rollout}")
+    check_toolchain(deploy=fmt == "tensorrt")
     name, model = load_model(args.source, args.overrides)
     found = versions()
     params = sum(p.numel() for p in model.parameters())
@@ -104,7 +107,7 @@ def run(args) -> int:
     if fmt == "tensorrt":
         deployed = deploy_tensorrt(result, model, steps=args.deploy_rollout, threads=args.threads)
         print_deployment(deployed, out)
-        ok = ok and all(a.validation.ok for a in deployed.artefacts)
+        ok = ok and all(a.validation.ok for a in deployed.artefacts) and not deployed.over_in_fp16
         if args.check and deployed.violations:
             first, more = deployed.violations[0], len(deployed.violations) - 1
             print(f"TensorRT check failed: {first.line()}" + (f" ({more} more in {deployed.report_path.name})"
@@ -186,8 +189,9 @@ def print_deployment(deployed, out) -> None:
     over = deployed.over_fp16
     out.print(f"fp16 overflow guard: {len(deployed.ranges)} tensors over the rollouts, largest "
               f"{max(deployed.ranges.values(), default=0.0):.3g}; " +
-              (f"beyond 65504: {', '.join(sorted(over))} (kept fp32 in the fp16 graph)" if over else
-               "none beyond 65504"), highlight=False, markup=False, soft_wrap=True)
+              (f"beyond 65504: {', '.join(sorted(over))}; held in fp16 by the fp16 graph: "
+               f"{', '.join(deployed.over_in_fp16) or 'none'}" if over else "none beyond 65504"),
+              highlight=False, markup=False, soft_wrap=True)
     out.print(f"optimisation profile and report: {deployed.report_path} (and .json)", highlight=False, markup=False)
 
 
