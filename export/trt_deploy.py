@@ -35,6 +35,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from xlstm_zoo.export.step_model import NEXT, StepModule, StepSignature, prepare_model
+from xlstm_zoo.export.tensorrt import trtexec_command
 from xlstm_zoo.export.trt_check import RULES, Violation, check_step_graph, optimization_profile
 from xlstm_zoo.export.validate import Report, ort_session, trt_supported_ops, validate_step
 
@@ -272,7 +274,8 @@ def recurrence_nodes(model, signature: StepSignature) -> set[str]:
     core = [n for n in nodes if reached.intersection(n.output) and leads_out.intersection(n.output)]
     # and what feeds it after the last matmul (gate activations, k v^T): fp32 from the projections' outputs on
     feeding = _reach([n for n in nodes if n.op_type not in MATMULS], {i for n in core for i in n.input}, forward=False)
-    return {n.name for n in core} | {n.name for n in nodes if n.op_type not in MATMULS and feeding.intersection(n.output)}
+    feeders = {n.name for n in nodes if n.op_type not in MATMULS and feeding.intersection(n.output)}
+    return {n.name for n in core} | feeders
 
 
 def held_in_fp16(model16) -> set[str]:
@@ -300,20 +303,20 @@ class Artefact:
     nodes: int
     ops: dict
     violations: list[Violation]
-    validation: Report | None = None
+    validation: Report
     written: bool = True        # False: the fp16-storage emulation, validated but not kept
 
     output: str = ""            # the step's output (logits or y)
 
     def worst_output(self, rollout: bool) -> float:
         """The largest abs difference of the output over the per-step checks or over the rollouts."""
-        rows = [r for r in (self.validation.rows if self.validation else [])
+        rows = [r for r in self.validation.rows
                 if r.check.startswith("rollout") == rollout and r.name.split(" ")[0] == self.output]
         return max((r.max_abs for r in rows), default=math.nan)
 
     @property
     def ok(self) -> bool:
-        return not self.violations and (self.validation is None or self.validation.ok)
+        return not self.violations and self.validation.ok
 
 
 @dataclass
@@ -330,6 +333,7 @@ class DeployReport:
     seconds: float = 0.0
     output: str = ""
     report_path: Path | None = None
+    trtexec: dict = field(default_factory=dict)          # precision -> the trtexec command building its engine
 
     @property
     def violations(self) -> list[Violation]:
@@ -351,18 +355,21 @@ class DeployReport:
                                "opset_range": [table["opset_min"], table["opset_max"]]},
             "rules": list(RULES), "ok": self.ok, "batch": dict(zip(("min", "opt", "max"), self.batch)),
             "optimization_profile": self.profile, "rollout_steps": self.steps,
-            "artefacts": [{"file": a.path.name if a.written else None, "precision": a.precision, "nodes": a.nodes, "ops": a.ops,
-                           "violations": [v.as_dict() for v in a.violations],
-                           **({"validation": a.validation.as_dict(), "output_worst_step_abs": _num(a.worst_output(False)),
-                               "output_worst_rollout_abs": _num(a.worst_output(True))} if a.validation else {})}
-                          for a in self.artefacts],
+            "artefacts": [self._artefact(a) for a in self.artefacts],
             "fp16_guard": {"limit": FP16_MAX, "tensors": len(self.ranges),
                            "largest": _num(max(self.ranges.values(), default=0.0)),
                            "over": {n: _num(v) for n, v in sorted(self.over_fp16.items())},
                            "kept_fp32": self.kept_fp32, "over_in_fp16": self.over_in_fp16},
-            "fp16_recurrence_nodes_in_fp32": self.recurrence,
+            "fp16_recurrence_nodes_in_fp32": self.recurrence, "trtexec": self.trtexec,
             "seconds": round(self.seconds, 1),
         }
+
+    @staticmethod
+    def _artefact(a: Artefact) -> dict:
+        return {"file": a.path.name if a.written else None, "precision": a.precision, "nodes": a.nodes, "ops": a.ops,
+                "violations": [v.as_dict() for v in a.violations], "validation": a.validation.as_dict(),
+                "output_worst_step_abs": _num(a.worst_output(False)),
+                "output_worst_rollout_abs": _num(a.worst_output(True))}
 
     def markdown(self) -> str:
         table = trt_supported_ops()
@@ -375,11 +382,13 @@ class DeployReport:
         lines += [f"| `{name}` | {'x'.join(map(str, p['min']))} | {'x'.join(map(str, p['opt']))} | "
                   f"{'x'.join(map(str, p['max']))} |" for name, p in self.profile.items()]
         lines += ["", f"## Artefacts (onnxruntime vs PyTorch fp32; rollouts of {self.steps} steps)", "",
-                  f"| file | precision | nodes | rule violations | worst `{self.output}` diff (steps) | worst `{self.output}` "
-                  "diff (rollouts) | every tensor within tolerance |", "| --- | --- | --- | --- | --- | --- | --- |"]
+                  f"| file | precision | nodes | rule violations | worst `{self.output}` diff (steps) | "
+                  f"worst `{self.output}` diff (rollouts) | every tensor within tolerance |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for a in self.artefacts:
-            lines.append(f"| {f'`{a.path.name}`' if a.written else '(not written)'} | {a.precision} | {a.nodes} | {len(a.violations)} | {a.worst_output(False):.2e} | "
-                         f"{a.worst_output(True):.2e} | {'-' if a.validation is None else 'pass' if a.validation.ok else 'FAIL'} |")
+            name = f"`{a.path.name}`" if a.written else "(not written)"
+            lines.append(f"| {name} | {a.precision} | {a.nodes} | {len(a.violations)} | {a.worst_output(False):.2e} | "
+                         f"{a.worst_output(True):.2e} | {'pass' if a.validation.ok else 'FAIL'} |")
         bad = self.violations
         lines += ["", "## Rule violations", ""] + ([f"- {v.line()}" for v in bad] or ["none"])
         over = self.over_fp16
@@ -397,6 +406,7 @@ class DeployReport:
             lines += ["", f"The fp16 graph keeps the recurrence in fp32: {self.recurrence} nodes on paths from an "
                           "accumulating state's input to a state output (states are fp32 whatever the compute "
                           "dtype)."]
+        lines += ["", "## Engines (where TensorRT runs)", ""] + [f"- {p}: `{c}`" for p, c in self.trtexec.items()]
         return "\n".join(lines) + "\n"
 
 
@@ -425,10 +435,9 @@ def deploy_tensorrt(result, model, *, steps: int = DEFAULT_STEPS, threads: int |
         if result.dtype == "float32":  # an fp32 export: the fp16 graph, guarded
             report.ranges = tensor_ranges(folded, signature, batch=result.example_batch, steps=steps, seed=seed,
                                           threads=threads)
-            keep = recurrence_nodes(folded, signature) | guard_nodes(folded, report.over_fp16)
-            report.recurrence = len(recurrence_nodes(folded, signature))
-            report.kept_fp32 = sorted(guard_nodes(folded, report.over_fp16))
-            half = to_float16(folded, keep)
+            recurrence, guarded = recurrence_nodes(folded, signature), guard_nodes(folded, report.over_fp16)
+            report.recurrence, report.kept_fp32 = len(recurrence), sorted(guarded)
+            half = to_float16(folded, recurrence | guarded)
             report.over_in_fp16 = sorted(set(report.over_fp16) & held_in_fp16(half))
             graphs += [("fp16", half), ("fp16 storage (emulated)", fp16_storage(half))]
         others = [b for b in result.validation_batches if b != result.example_batch]
@@ -442,9 +451,10 @@ def deploy_tensorrt(result, model, *, steps: int = DEFAULT_STEPS, threads: int |
                                        dtype=result.dtype if graph is folded else "float16 graph")
             if emulated:  # a measuring device, not an artefact
                 path.unlink()
-            ops: dict = {}
-            for node in graph.graph.node:
-                ops[node.op_type] = ops.get(node.op_type, 0) + 1
+            ops = Counter(node.op_type for node in graph.graph.node)
+            if not emulated:
+                report.trtexec[precision] = trtexec_command(out_dir / path.name, signature, batch, out_dir /
+                                                            f"{stem}.{precision.split()[0]}.plan") + " --stronglyTyped"
             report.artefacts.append(Artefact(out_dir / path.name, precision, len(graph.graph.node),
                                              dict(sorted(ops.items())), violations, validation, written=not emulated,
                                              output=signature.output.name))

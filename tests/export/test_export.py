@@ -487,13 +487,16 @@ def test_cli_tensorrt_without_tensorrt_writes_onnx_and_prints_trtexec(tmp_path, 
     if reason is None:
         pytest.skip("TensorRT and a GPU are present: test_tensorrt_builds_and_matches_pytorch covers this machine")
     code, out, err = run_cli("export", "xlstm_1_1", "--set", "stack.num_blocks=2", "--set", f"dim={DIM}",
-                          "--format", "tensorrt", "--out", tmp_path, "--batch", "1,2,4", "--rollout", "100",
-                          "--threads", "1")
+                          "--format", "tensorrt", "--check", "--out", tmp_path, "--batch", "1,2,4", "--rollout", "100",
+                          "--deploy-rollout", "20", "--threads", "1")
     assert code == 0, out + err
     assert "Traceback" not in out + err
     lines = out.splitlines()
     (message,) = [ln for ln in lines if ln.startswith("TensorRT: not available here")]
-    assert reason in message and str(tmp_path / "step.onnx") in message
+    assert reason in message and str(tmp_path / "step.trt.onnx") in message
+    for name in ("step.trt.onnx", "step.trt.fp16.onnx", "step.trt.json", "step.trt.md"):
+        assert (tmp_path / name).is_file(), name
+    assert any(ln.startswith("fp16 overflow guard:") for ln in lines) and "TensorRT deployment rewrites" in out
     (command,) = [ln for ln in lines if ln.startswith("trtexec ")]
     sig = json.loads((tmp_path / "step.json").read_text())
     inputs = [sig["input"], *sig["states"]]

@@ -47,7 +47,8 @@ def step_graph(nodes, *, inits=(), state_dims=("batch", 4), extra_inputs=(), ops
         [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 4]),
          helper.make_tensor_value_info("next.cell.h", T.FLOAT, ["batch", 4])],
         [half, *inits])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("my.plugins", 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                   helper.make_opsetid("my.plugins", 1)])
 
 
 def node(op, inputs, outputs, name, **attrs):
@@ -59,7 +60,8 @@ I64 = helper.make_tensor("one", T.INT64, [1], [1])
 # (expected rule, expected node, the graph that breaks it)
 BROKEN = {
     "opset": ("(model)", lambda: step_graph([MIX], opset=25)),
-    "supported op": ("uniq", lambda: step_graph([node("Unique", ["x"], ["u"], "uniq"), node("Add", ["x", "u"], ["t"], "a"),
+    "supported op": ("uniq", lambda: step_graph([node("Unique", ["x"], ["u"], "uniq"),
+                                                 node("Add", ["x", "u"], ["t"], "a"),
                                                  node("Add", ["t", "cell.h"], ["y"], "mix")])),
     "op types": ("wide", lambda: step_graph([node("Cast", ["x"], ["d"], "wide", to=T.DOUBLE),
                                              node("Cast", ["d"], ["f"], "narrow", to=T.FLOAT),
@@ -87,9 +89,9 @@ MORE = [
     ("op restriction", "top", lambda: step_graph([
         node("TopK", ["x", "two"], ["v", "i"], "top", sorted=0), node("Concat", ["v", "v"], ["c"], "cat", axis=1),
         node("Add", ["c", "cell.h"], ["y"], "mix")], inits=[helper.make_tensor("two", T.INT64, [1], [2])])),
-    ("state pairs", "extra", lambda: step_graph([node("Add", ["x", "extra"], ["t"], "a"),
-                                                 node("Add", ["t", "cell.h"], ["y"], "mix")],
-                                                extra_inputs=[helper.make_tensor_value_info("extra", T.FLOAT, ["batch", 4])])),
+    ("state pairs", "extra", lambda: step_graph(
+        [node("Add", ["x", "extra"], ["t"], "a"), node("Add", ["t", "cell.h"], ["y"], "mix")],
+        extra_inputs=[helper.make_tensor_value_info("extra", T.FLOAT, ["batch", 4])])),
 ]
 
 
@@ -126,7 +128,8 @@ def test_exporter_log_sigmoid_underflows_and_the_zoo_export_stays_finite():
     ref = torch.nn.functional.logsigmoid(x.double()).numpy()
 
     def run(table, half=False):
-        model = torch.onnx.export(_Gates(), (x,), dynamo=True, verbose=False, custom_translation_table=table).model_proto
+        model = torch.onnx.export(_Gates().eval(), (x,), dynamo=True, verbose=False,
+                                  custom_translation_table=table).model_proto
         if half:
             model = convert_float_to_float16(model, keep_io_types=True, op_block_list=[])
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
