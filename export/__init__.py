@@ -5,7 +5,9 @@
     assert result.ok, result.report.failures()
 
 See :mod:`xlstm_zoo.export.step_model` for the inputs, outputs and state names,
-:mod:`xlstm_zoo.export.validate` for what is checked, :mod:`xlstm_zoo.export.tensorrt` for TensorRT.
+:mod:`xlstm_zoo.export.validate` for what is checked, :mod:`xlstm_zoo.export.trt_check` (the TensorRT
+rules) and :mod:`xlstm_zoo.export.trt_deploy` (the deployment rewrites, checked on a CPU), and
+:mod:`xlstm_zoo.export.tensorrt` for building engines where TensorRT exists.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ from xlstm_zoo.export.tensorrt import trtexec_command
 from xlstm_zoo.export.validate import Report
 
 __all__ = ["DTYPES", "ExportError", "ExportResult", "ExportWarning", "NEXT", "StepModule", "StepSignature", "TensorSpec",
-           "build_signature", "export_step", "missing_toolchain", "named_state", "parse_batch", "versions"]
+           "build_signature", "check_toolchain", "export_step", "missing_toolchain", "named_state", "parse_batch", "versions"]
 
 # bfloat16 is not offered: several ONNX operators the graph uses (Einsum, ...) do not accept it, so the
 # model would be invalid ONNX, and onnxruntime's CPU kernels could not validate it anyway.
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 DEFAULT_BATCH = (1, 8, 64)
 _NEEDED = ("onnx", "onnxscript", "onnxruntime")
+_DEPLOY = ("polygraphy", "onnx-graphsurgeon")  # --format tensorrt's deployment rewrites
 # Copies of each row's states and output that validation holds at once: PyTorch's and onnxruntime's, inputs
 # and outputs, the rollout's previous step, temporaries (a generous bound: a refusal must be right).
 VALIDATION_COPIES = 8
@@ -76,7 +79,7 @@ class ExportResult:
 def versions() -> dict[str, str]:
     """Installed versions of torch and the export toolchain (``not installed`` where absent)."""
     out = {"torch": torch.__version__}
-    for dist in (*_NEEDED, "tensorrt", "torch-tensorrt"):
+    for dist in (*_NEEDED, *_DEPLOY, "tensorrt", "torch-tensorrt"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -102,20 +105,25 @@ def parse_batch(batch) -> tuple[int, int, int]:
     return tuple(parts)
 
 
-def missing_toolchain() -> list[str]:
-    """The distributions ONNX export needs that are not installed (empty: export can run here)."""
-    return [m for m in _NEEDED if versions()[m] == "not installed"]
+def missing_toolchain(deploy: bool = False) -> list[str]:
+    """The distributions ONNX export (``deploy``: and the TensorRT deployment rewrites) needs that are not
+    installed (empty: it can run here)."""
+    found = versions()
+    return [m for m in (*_NEEDED, *(_DEPLOY if deploy else ())) if found[m] == "not installed"]
 
 
-def _check_toolchain() -> None:
-    missing = missing_toolchain()
+def check_toolchain(deploy: bool = False) -> None:
+    missing = missing_toolchain(deploy)
     if missing:
-        raise ExportError(f"ONNX export needs {', '.join(missing)}: pip install 'xlstm-zoo[onnx]'")
+        what = "the TensorRT deployment rewrites need" if deploy else "ONNX export needs"
+        raise ExportError(f"{what} {', '.join(missing)}: pip install 'xlstm-zoo[onnx]'")
 
 
 def writable_dir(out_dir) -> Path:
     """Create ``out_dir`` if needed and prove that files can be written there (one-line error if not)."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output directory {str(out)!r} is a file; give a directory (it is created if missing)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".xlstm-zoo-probe-", dir=out)
@@ -129,7 +137,8 @@ def writable_dir(out_dir) -> Path:
 def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | None = None, dtype: str = "float32",
                 validate: bool = True, rollout_steps: int = 1000, prefill: int | None = None,
                 input_dim: int | None = None, name: str = "step", source: str = "",
-                threads: int | None = None, seed: int = 0, reset: bool = False) -> ExportResult:
+                threads: int | None = None, seed: int = 0, reset: bool = False,
+                token_dtype: torch.dtype = torch.int64) -> ExportResult:
     """Export ``model``'s recurrent step to ``out_dir/{name}.onnx`` and validate it.
 
     ``model`` is anything with ``init_state(batch)`` and ``step(x_t, state)``: a model from a recipe,
@@ -138,7 +147,8 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     writes ``{name}.prefill.onnx`` taking T tokens at once. ``validate`` runs onnxruntime against
     PyTorch at the batch sizes ``min``, ``opt`` and ``max`` and over ``rollout_steps`` steps from the
     zero and a random state. ``reset=True`` adds the input ``reset [batch]`` (bool: those rows restart
-    from the zero state before the step), validated with random resets in the rollouts. Also written:
+    from the zero state before the step), validated with random resets in the rollouts. ``token_dtype``:
+    the dtype of token ids (int64; int32 for TensorRT, whose index tensors are int32). Also written:
     ``{name}.json`` (names, shapes, zero-state values, opset, versions, validation). Check ``result.ok``;
     ``result.report`` has every number.
     """
@@ -152,10 +162,11 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
         raise ConfigError(f"prefill must be a number of tokens >= 1, got {prefill}")
     if rollout_steps < 0:
         raise ConfigError(f"rollout_steps must be >= 0, got {rollout_steps}")
-    _check_toolchain()
+    check_toolchain()
     torch_dtype = DTYPES[dtype]
     work = prepare_model(model, torch_dtype)
-    signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__)
+    signature = build_signature(work, input_dim=input_dim, dtype=torch_dtype, source=source or type(model).__name__,
+                                token_dtype=token_dtype)
     signature.reset = reset
     if validate:
         check_batch_fits(signature, batch, prefill)  # before anything is written

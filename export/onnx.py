@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 import traceback
 import warnings
 from collections import Counter
@@ -23,6 +24,35 @@ from xlstm_zoo.export.step_model import NEXT, ExportError, PrefillModule, StepMo
 DEFAULT_OPSET = 18  # the opset torch's ONNX function library is written in: no version conversion
 MIN_OPSET = 18
 _LARGE_MODEL_BYTES = 1_800_000_000  # protobuf's 2 GB limit: weights go to an external data file beyond this
+
+
+# -- numerically safe forms ----------------------------------------------------------------------------
+# The exporter's own translations: softplus(x) = Where(x > 20, x, Softplus(x)) and log_sigmoid(x) =
+# Log(Sigmoid(x)). The second is -inf once Sigmoid underflows (x < -88 in fp32, x < -17 in fp16); the
+# first relies on the runtime's Softplus, which TensorRT computes as log(exp(x) + 1): inf in fp16 from
+# x = 11.1 (exp overflows) up to the threshold. These write both with ops that stay finite for every
+# finite x in fp16 and fp32: softplus(x) = relu(x) + log(1 + exp(-|x|)) (exp's argument is <= 0, the
+# log's in [1, 2]), log_sigmoid(x) = -softplus(-x). Equal to PyTorch's up to rounding: log(1 + e)
+# for log1p(e) errs by at most 2^-24 absolutely, and past torch's linear threshold (beta x > 20) the
+# dropped log(1 + exp(-20)) = 2e-9 is below an fp32 ulp of x.
+
+def _softplus(self, beta: float = 1.0, threshold: float = 20.0):
+    from onnxscript import opset18 as op  # optional dependency (the onnx extra)
+
+    y = self if beta == 1.0 else op.Mul(self, op.CastLike(beta, self))
+    out = op.Add(op.Relu(y), op.Log(op.Add(op.CastLike(1.0, y), op.Exp(op.Neg(op.Abs(y))))))
+    return out if beta == 1.0 else op.Div(out, op.CastLike(beta, self))
+
+
+def _log_sigmoid(self):
+    from onnxscript import opset18 as op  # optional dependency (the onnx extra)
+
+    return op.Neg(_softplus(op.Neg(self)))
+
+
+def safe_translations() -> dict:
+    """``torch.onnx.export``'s ``custom_translation_table``: the aten ops written in safe forms."""
+    return {torch.ops.aten.softplus.default: _softplus, torch.ops.aten.log_sigmoid.default: _log_sigmoid}
 
 
 def example_batch(batch: tuple[int, int, int]) -> int:
@@ -73,7 +103,7 @@ def export_onnx(module: StepModule | PrefillModule, signature: StepSignature, pa
             program = torch.onnx.export(
                 module.eval(), args, dynamo=True, dynamic_shapes=dynamic_shapes, opset_version=opset,
                 input_names=signature.input_names, output_names=output_names, verbose=False,
-                external_data=False, optimize=True)
+                external_data=False, optimize=True, custom_translation_table=safe_translations())
         except ExportError:
             raise
         except Exception as err:
@@ -100,6 +130,11 @@ def export_onnx(module: StepModule | PrefillModule, signature: StepSignature, pa
 
 def _export_failure(source: str, err: Exception, log: str) -> str:
     text = str(err)
+    missing = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)'", text)
+    if missing:  # a custom op (torch.library) the exporter has no translation for
+        name = missing.group(1).replace(".", "::", 1)
+        return (f"{source}: operator {name} has no ONNX translation{_culprit(err)}; give it one (torch.onnx.export's "
+                "custom_translation_table, or a decomposition into aten ops) or write the step with PyTorch ops")
     # the exporter wraps torch.export's error in a long report; keep its summary line
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     summary = next((ln for ln in lines if ln.startswith("<class")), lines[0] if lines else type(err).__name__)

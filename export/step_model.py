@@ -137,7 +137,7 @@ class StepSignature:
     def example_input(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         if self.kind == "token":
             return torch.randint(0, self.vocab_size, self.input.full_shape(batch), generator=generator,
-                                 dtype=torch.int64)
+                                 dtype=self.input.dtype)
         return torch.randn(self.input.full_shape(batch), generator=generator, dtype=self.input.dtype)
 
     def describe(self) -> dict:
@@ -348,13 +348,18 @@ def _output(model, name: str) -> TensorSpec:
 
 
 def build_signature(model: nn.Module, *, input_dim: int | None = None, dtype: torch.dtype = torch.float32,
-                    source: str = "") -> StepSignature:
-    """Probe the model (one eager step at batch 2) and describe its step's inputs and outputs."""
+                    source: str = "", token_dtype: torch.dtype = torch.int64) -> StepSignature:
+    """Probe the model (one eager step at batch 2) and describe its step's inputs and outputs
+    (token ids in ``token_dtype``: int64, or int32 for TensorRT)."""
     check_exportable(model)
     source = source or type(model).__name__
     kind, inp, out, vocab = input_spec(model, input_dim)
     if kind == "features":
         inp = TensorSpec(inp.name, inp.shape, dtype)
+    elif token_dtype not in (torch.int64, torch.int32):
+        raise ExportError(f"token ids must be int64 or int32, got {token_dtype}")
+    else:
+        inp = TensorSpec(inp.name, inp.shape, token_dtype)
     template = model.init_state(1)
     named = named_state(model, template)
     names = [n for n, _ in named]

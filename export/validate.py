@@ -40,6 +40,9 @@ from xlstm_zoo.export.step_model import NEXT, StepModule, StepSignature
 TOLERANCES = {
     "float32": {"step": (1e-5, 1e-4), "rollout": (1e-4, 1e-3)},
     "float16": {"step": (2e-2, 2e-2), "rollout": (5e-2, 5e-2)},
+    # the fp16 graph of --format tensorrt (fp16 weights and activations, recurrence fp32), against PyTorch fp32,
+    # normwise (see compare): measured in docs/export.md
+    "float16 graph": {"step": (5e-2, 5e-2, True), "rollout": (5e-2, 5e-2, True)},
 }
 # A tensor outside tolerance still passes when onnxruntime is no further from a float64 copy of the model
 # than FLOAT64_FACTOR times PyTorch's own distance from it. Random-weight models can be ill-conditioned
@@ -94,8 +97,10 @@ def _num(x: float):
     return x if math.isfinite(x) else str(x)
 
 
-def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool, str]:
-    """``(max abs diff, max rel diff, pass, note)``."""
+def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float,
+            normwise: bool = False) -> tuple[float, float, bool, str]:
+    """``(max abs diff, max rel diff, pass, note)``; ``normwise``: relative to the tensor's largest ``|ref|``,
+    not each element's (fp16 rounding of a sum is relative to its terms, not to a result near 0)."""
     if got.shape != ref.shape:
         return math.inf, math.inf, False, f"shape {got.shape} != {ref.shape}"
     if got.size == 0:
@@ -108,8 +113,11 @@ def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> tuple
     diff = np.where(nan, np.inf, diff)
     diff = np.where(np.isnan(diff), np.inf, diff)  # inf - inf of opposite signs, or inf vs finite
     max_abs = float(diff.max())
-    max_rel = float((diff / np.maximum(np.abs(np.where(np.isfinite(r), r, 0.0)), atol)).max())
-    ok = bool((diff <= atol + rtol * np.abs(np.where(np.isfinite(r), r, 0.0))).all())
+    scale = np.abs(np.where(np.isfinite(r), r, 0.0))
+    if normwise:
+        scale = np.full_like(scale, scale.max())
+    max_rel = float((diff / np.maximum(scale, atol)).max())
+    ok = bool((diff <= atol + rtol * scale).all())
     note = "NaN" if nan.any() else ""
     return max_abs, max_rel, ok, note
 

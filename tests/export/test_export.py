@@ -37,6 +37,8 @@ from xlstm_zoo.export import ExportError, ExportWarning, build_signature, export
 from xlstm_zoo.export import tensorrt as trt_export
 from xlstm_zoo.export import validate as checks
 from xlstm_zoo.export.step_model import StepModule, prepare_model
+from xlstm_zoo.export.trt_check import check_step_graph
+from xlstm_zoo.export.trt_deploy import deploy_tensorrt
 from xlstm_zoo.export.validate import OrtStep, check_trt_ops, trt_supported_ops
 from xlstm_zoo.recipe import build as build_recipe, load_recipe, shipped_recipes
 from xlstm_zoo.registry import component, registry
@@ -161,8 +163,10 @@ def cell_exports(tmp_path_factory):
     def get(cell):
         if cell not in cache:
             out = tmp_path_factory.mktemp(f"export-{cell}")
+            # the LSTM case takes int32 token ids, as `--format tensorrt` exports them (see test_trt.py)
             cache[cell] = export_step(small_lm(cell), out, batch=BATCH, rollout_steps=1000, threads=1,
-                                      prefill=5 if cell in ("mlstm", "slstm") else None, source=f"{cell} test")
+                                      prefill=5 if cell in ("mlstm", "slstm") else None, source=f"{cell} test",
+                                      token_dtype=torch.int32 if cell == "lstm" else torch.int64)
         return cache[cell]
     return get
 
@@ -394,6 +398,32 @@ def test_trt_op_table_ships_with_the_package_and_flags_unsupported_ops():
     assert "Unique" in check.summary() and "opset 25 outside" in check.summary()
 
 
+def test_tensorrt_deployment_rewrites_pass_the_check_and_match_pytorch(cell_exports):
+    """The small LSTM LM (int32 token ids, as --format tensorrt exports them): folded and fp16 graphs, each
+    checked and validated; the report holds the profile. The int64-token mLSTM export breaks one rule."""
+    result = cell_exports("lstm")
+    deployed = deploy_tensorrt(result, small_lm("lstm"), steps=20, threads=1)
+    assert deployed.violations == [], [v.line() for v in deployed.violations]
+    fp32, fp16, storage = deployed.artefacts
+    assert [a.precision for a in deployed.artefacts] == ["fp32", "fp16", "fp16 storage (emulated)"]
+    for artefact in deployed.artefacts:
+        assert artefact.validation.ok, artefact.validation.failures()
+        assert {r.check for r in artefact.validation.rows} >= {"rollout 20 from zero", "rollout 20 from random"}
+    assert fp32.worst_output(True) <= 1e-4 < fp16.worst_output(True) <= storage.worst_output(True) * 1.5
+    half = onnx.load(str(fp16.path))
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in half.graph.initializer)  # weights in fp16
+    assert [i.type.tensor_type.elem_type for i in half.graph.input] == \
+        [onnx.TensorProto.INT32] + [onnx.TensorProto.FLOAT] * len(result.signature.states)  # same bindings
+    report = json.loads((result.onnx_path.parent / "step.trt.json").read_text())
+    assert report["ok"] and report["optimization_profile"]["token"] == {"min": [1], "opt": [3], "max": [5]}
+    assert report["optimization_profile"]["block0.conv"]["max"] == [5, 3, DIM]
+    assert report["fp16_guard"]["over"] == {} and report["fp16_guard"]["tensors"] > 50
+    assert "**pass**" in (result.onnx_path.parent / "step.trt.md").read_text()
+    int64_tokens = check_step_graph(onnx.load(str(cell_exports("mlstm").onnx_path)), cell_exports("mlstm").signature,
+                                    BATCH)
+    assert [(v.rule, v.op) for v in int64_tokens] == [("int32 indices", "Gather")], int64_tokens
+
+
 def test_trtexec_command_names_every_input_with_three_shapes():
     model = build_recipe(load_recipe("xlstm_1_1", ["stack.num_blocks=2", f"dim={DIM}"]))
     sig = build_signature(prepare_model(model, torch.float32))
@@ -457,13 +487,16 @@ def test_cli_tensorrt_without_tensorrt_writes_onnx_and_prints_trtexec(tmp_path, 
     if reason is None:
         pytest.skip("TensorRT and a GPU are present: test_tensorrt_builds_and_matches_pytorch covers this machine")
     code, out, err = run_cli("export", "xlstm_1_1", "--set", "stack.num_blocks=2", "--set", f"dim={DIM}",
-                          "--format", "tensorrt", "--out", tmp_path, "--batch", "1,2,4", "--rollout", "100",
-                          "--threads", "1")
+                          "--format", "tensorrt", "--check", "--out", tmp_path, "--batch", "1,2,4", "--rollout", "100",
+                          "--deploy-rollout", "20", "--threads", "1")
     assert code == 0, out + err
     assert "Traceback" not in out + err
     lines = out.splitlines()
     (message,) = [ln for ln in lines if ln.startswith("TensorRT: not available here")]
-    assert reason in message and str(tmp_path / "step.onnx") in message
+    assert reason in message and str(tmp_path / "step.trt.onnx") in message
+    for name in ("step.trt.onnx", "step.trt.fp16.onnx", "step.trt.json", "step.trt.md"):
+        assert (tmp_path / name).is_file(), name
+    assert any(ln.startswith("fp16 overflow guard:") for ln in lines) and "TensorRT deployment rewrites" in out
     (command,) = [ln for ln in lines if ln.startswith("trtexec ")]
     sig = json.loads((tmp_path / "step.json").read_text())
     inputs = [sig["input"], *sig["states"]]

@@ -2,14 +2,16 @@
 
     xlstm-zoo export RECIPE_OR_CHECKPOINT --format onnx|tensorrt --out DIR [--batch MIN,OPT,MAX]
                      [--opset N] [--dtype float32|float16] [--set PATH=VALUE] [--rollout N]
-                     [--prefill T] [--threads N]
+                     [--prefill T] [--threads N] [--check] [--deploy-rollout N]
 
 Prints the versions, the opset, the file size, an operator histogram (with TensorRT support per
 operator), the graph checks and the validation table. Exit status: 0 when everything passed, 1
-when a check failed, 2 for a usage or configuration error (one line). With ``--format tensorrt``
-where TensorRT, torch-tensorrt or a GPU is missing, one line says so, the validated ONNX is still
-written, and the ``trtexec`` command that builds the engine elsewhere is printed (exit status 0
-if the ONNX passed).
+when a check failed, 2 for a usage or configuration error (one line). ``--format tensorrt`` exports
+int32 token ids, then writes and validates the deployment rewrites (``xlstm_zoo.export.trt_deploy``:
+the folded fp32 graph, the fp16 graph, the report) and checks the TensorRT rules on both; ``--check``
+makes a broken rule fail the command (exit status 1, one line naming the node and the rule). Where
+TensorRT, torch-tensorrt or a GPU is missing, one line says so and the ``trtexec`` command that builds
+the engine elsewhere is printed.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from rich.table import Table
 
 from xlstm_zoo.checkpoint import load_checkpoint
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.export import DTYPES, StepModule, export_step, parse_batch, versions
+from xlstm_zoo.export import DTYPES, StepModule, check_toolchain, export_step, parse_batch, versions
 from xlstm_zoo.export import tensorrt as trt_export
 from xlstm_zoo.export.step_model import prepare_model
+from xlstm_zoo.export.trt_deploy import DEFAULT_STEPS, deploy_tensorrt
 from xlstm_zoo.export.validate import TOLERANCES
 from xlstm_zoo.model_files.files import carry
 from xlstm_zoo.recipe import build, load_recipe
@@ -56,6 +59,12 @@ def _arguments(c) -> None:
                    help="add an input reset [batch] (bool): those rows restart from the zero state before the step")
     c.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads for onnxruntime and the PyTorch reference while validating")
+    c.add_argument("--check", action="store_true",
+                   help="with --format tensorrt: fail (exit status 1, one line naming the node and the rule) when the "
+                        "step model breaks a TensorRT rule (see docs/export.md)")
+    c.add_argument("--deploy-rollout", type=int, default=DEFAULT_STEPS, metavar="N",
+                   help=f"with --format tensorrt: rollout length validating the deployment rewrites (default "
+                        f"{DEFAULT_STEPS})")
 
 
 def load_model(source: str, overrides: list[str]):
@@ -80,6 +89,11 @@ def run(args) -> int:
     batch = parse_batch(args.batch)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    if args.check and fmt != "tensorrt":
+        raise ConfigError("--check checks the TensorRT rules: it needs --format tensorrt")
+    if args.deploy_rollout < 1:
+        raise ConfigError(f"--deploy-rollout must be >= 1, got {args.deploy_rollout}")
+    check_toolchain(deploy=fmt == "tensorrt")
     name, model = load_model(args.source, args.overrides)
     found = versions()
     params = sum(p.numel() for p in model.parameters())
@@ -87,14 +101,23 @@ def run(args) -> int:
               highlight=False)
     out.print("versions: " + ", ".join(f"{k} {v}" for k, v in found.items()), highlight=False, soft_wrap=True)
     result = export_step(model, args.out, batch=batch, opset=args.opset, dtype=args.dtype, rollout_steps=args.rollout,
-                         prefill=args.prefill, source=name, threads=args.threads, reset=args.reset)
+                         prefill=args.prefill, source=name, threads=args.threads, reset=args.reset,
+                         token_dtype=torch.int32 if fmt == "tensorrt" else torch.int64)
     print_result(result, out)
     carried = carry(args.source, args.out)  # the checkpoint's model card and tokenizer go with the exported model
     if carried:
         out.print(f"kept from {escape(args.source)}: {', '.join(carried)}", highlight=False, soft_wrap=True)
     ok = result.ok
     if fmt == "tensorrt":
-        ok = _tensorrt(result, model, out) and ok
+        deployed = deploy_tensorrt(result, model, steps=args.deploy_rollout, threads=args.threads)
+        print_deployment(deployed, out)
+        ok = ok and all(a.validation.ok for a in deployed.artefacts) and not deployed.over_in_fp16
+        if args.check and deployed.violations:
+            first, more = deployed.violations[0], len(deployed.violations) - 1
+            print(f"TensorRT check failed: {first.line()}" + (f" ({more} more in {deployed.report_path.name})"
+                                                              if more else ""), file=sys.stderr)
+            return 1
+        ok = _tensorrt(result, deployed.artefacts[0].path, model, out) and ok
     else:
         out.print("TensorRT engine (on a machine with TensorRT): " + result.trtexec_command(),
                   highlight=False, markup=False, soft_wrap=True)
@@ -155,12 +178,33 @@ def _validation_table(out, report, title) -> None:
                  if second else " (all within tolerance)"), highlight=False)
 
 
-def _tensorrt(result, model, out) -> bool:
+def print_deployment(deployed, out) -> None:
+    table = Table("file", "precision", "nodes", "rule violations", f"worst {deployed.output} diff (step)",
+                  f"worst {deployed.output} diff ({deployed.steps}-step rollouts)", "all tensors",
+                  title=f"TensorRT deployment rewrites, onnxruntime vs PyTorch fp32 ({deployed.seconds:.1f} s)")
+    for a in deployed.artefacts:
+        table.add_row(a.path.name if a.written else "(fp16 storage, emulated)", a.precision, str(a.nodes),
+                      str(len(a.violations)) if not a.violations else f"[red]{len(a.violations)}",
+                      f"{a.worst_output(False):.2e}", f"{a.worst_output(True):.2e}",
+                      "pass" if a.validation.ok else "[red]FAIL")
+    out.print(table)
+    for v in deployed.violations:
+        out.print("[red]TensorRT rule:[/] " + escape(v.line()), highlight=False)
+    over = deployed.over_fp16
+    out.print(f"fp16 overflow guard: {len(deployed.ranges)} tensors over the rollouts, largest "
+              f"{max(deployed.ranges.values(), default=0.0):.3g}; " +
+              (f"beyond 65504: {', '.join(sorted(over))}; held in fp16 by the fp16 graph: "
+               f"{', '.join(deployed.over_in_fp16) or 'none'}" if over else "none beyond 65504"),
+              highlight=False, markup=False, soft_wrap=True)
+    out.print(f"optimisation profile and report: {deployed.report_path} (and .json)", highlight=False, markup=False)
+
+
+def _tensorrt(result, onnx_path, model, out) -> bool:
     """Build and check the TensorRT artefacts where possible; else one line and the trtexec command."""
-    command = result.trtexec_command()
+    command = trt_export.trtexec_command(onnx_path, result.signature, result.batch)
     reason = trt_export.unavailable_reason("torch_tensorrt")
     if reason:
-        out.print(f"TensorRT: not available here ({reason}); wrote the validated ONNX {result.onnx_path}; "
+        out.print(f"TensorRT: not available here ({reason}); wrote the validated ONNX {onnx_path}; "
                   f"build the engine where TensorRT runs with:", highlight=False, markup=False, soft_wrap=True)
         out.print(command, highlight=False, markup=False, soft_wrap=True)
         return True
@@ -172,7 +216,7 @@ def _tensorrt(result, model, out) -> bool:
     for label, build, check in (
         ("torch-tensorrt", lambda p: trt_export.compile_torch_tensorrt(module, result.signature, result.batch, p),
          lambda art: trt_export.rollout_torch_tensorrt(art, module, result.signature, result.batch[0], steps)),
-        ("TensorRT (ONNX parser)", lambda p: trt_export.build_engine_from_onnx(result.onnx_path, result.signature,
+        ("TensorRT (ONNX parser)", lambda p: trt_export.build_engine_from_onnx(onnx_path, result.signature,
                                                                                result.batch, p),
          lambda art: trt_export.rollout_engine(art, module, result.signature, result.batch[0], steps)),
     ):

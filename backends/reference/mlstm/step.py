@@ -35,7 +35,20 @@ def readout_denominator(qn: torch.Tensor, m: torch.Tensor, eps: float) -> torch.
 
 def readout(num: torch.Tensor, qn: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:
     """``h = num / (max(|q.n|, exp(-m)) + eps)``; ``num [..., Dv]``, ``qn, m [...]``."""
+    if torch.compiler.is_exporting():
+        return _readout_exported(num, qn, m, eps)
     return num / readout_denominator(qn, m, eps).unsqueeze(-1)
+
+
+def _readout_exported(num, qn, m, eps: float):
+    """The same value with every exp's argument <= 0, so that it stays finite in fp16 (an exported step
+    model may run in fp16: exp(-m) overflows fp16 from m < -11.1). With the floor's clamp m' = max(m, -80),
+    e = exp(min(m', 0)) and g = exp(-max(m', 0)) (so exp(-m') = g / e), numerator and denominator times e:
+    ``h = num e / (max(|q.n| e, g) + eps e)``."""
+    m = torch.clamp(m, min=-FLOOR_LOG_MAX)
+    e = torch.exp(torch.clamp(m, max=0.0))
+    g = torch.exp(-torch.clamp(m, min=0.0))
+    return num * e.unsqueeze(-1) / (torch.maximum(qn.abs() * e, g) + eps * e).unsqueeze(-1)
 
 
 def initial_state(state: MLSTMState | None, lead: tuple[int, ...], dk: int, dv: int,
