@@ -60,6 +60,24 @@ def boundaries(doc_starts, cu_seqlens, batch: int, length: int) -> torch.Tensor 
     return None if doc_starts is None else check_doc_starts(doc_starts, batch, length)
 
 
+def rows_starting(doc_starts: torch.Tensor | None, device=None) -> dict[int, torch.Tensor]:
+    """``{t: rows [B] (bool)}`` for every position t where some row's document starts: the rows whose state is
+    put back to the zero state before t (a loop over time restarts exactly these; positions not listed run
+    as they would without boundaries). Empty for None."""
+    if doc_starts is None:
+        return {}
+    on_device = doc_starts.to(device)
+    return {t: on_device[:, t] for t in doc_starts.any(0).nonzero().flatten().tolist()}
+
+
+def last_document(doc_starts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``[B, len(positions)]`` (bool): whether each position (negative: the state's, before the row) lies in its
+    row's last document. A carried window (a conv's last inputs) keeps only those, zeros elsewhere."""
+    index = torch.arange(doc_starts.shape[1], device=doc_starts.device)
+    last = torch.where(doc_starts, index, torch.iinfo(index.dtype).min).amax(1)  # [B]; no start: before all
+    return positions.to(doc_starts.device)[None, :] >= last[:, None]
+
+
 def segments(row_starts: torch.Tensor) -> list[tuple[int, int, bool]]:
     """``(start, end, fresh)`` per document of one row; ``fresh``: it starts from the zero state."""
     cuts = row_starts.nonzero().flatten().tolist()
