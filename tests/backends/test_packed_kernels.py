@@ -14,6 +14,7 @@ without the declaration is never chosen for a packed call, and ``doctor`` says w
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -70,7 +71,7 @@ def _slstm_state(B, H, D, dtype):
 
 
 def _recurrent(dtype, wide, slstm):
-    H, D = (1, 16) if wide else (2, 3)
+    H, D = (1, 20) if wide else (2, 3)  # wide: the C++ LSTM loops' batched path, the Triton kernel's streamed R
     B = len(STARTS)
     wx, R = _rand(B, H, T, 4 * D, dtype=dtype), 0.5 * _rand(H, D, 4 * D, dtype=dtype)
     state = _slstm_state(B, H, D, dtype) if slstm else tuple(torch.tanh(_rand(B, H, D, dtype=dtype)) for _ in range(2))
@@ -148,7 +149,7 @@ OPS = {
 BACKENDS = builtin_backends()
 PACKED = [(b, k) for b in BACKENDS for k in b.kernels if k.doc_starts]
 # (kernel, dtype, wide heads): float64 where the kernel takes it, else float32; the C++ LSTM loops run a batched
-# float32 path for heads of 16 units and more, so that runs too.
+# float32 path for heads of 16 units and more (here 20: a full and a partial block of units), so that runs too.
 CASES = [pytest.param(b, k, torch.float64 if not k.dtypes or torch.float64 in k.dtypes else torch.float32, False,
                       id=k.name) for b, k in PACKED]
 CASES += [pytest.param(b, k, torch.float32, True, id=f"{k.name}-float32-wide") for b, k in PACKED
@@ -191,9 +192,13 @@ def test_packed_call_equals_documents_alone(backend, kernel, dtype, wide):
         pytest.skip(f"{backend.name}: {reason}")
     if kernel.devices and "cpu" not in kernel.devices:
         pytest.skip(f"{kernel.name} runs on {', '.join(kernel.devices)} only")
+    _check_packed(kernel, dtype, wide)
+
+
+def _check_packed(kernel: Kernel, dtype: torch.dtype, wide: bool, device=torch.device("cpu")):
     op, mask = OPS[(kernel.op, kernel.form)], packed_mask()
     torch.manual_seed(0)
-    seq, shared, state = op.make(dtype, wide)
+    seq, shared, state = ([t.to(device) for t in part] for part in op.make(dtype, wide))
     with torch.no_grad():  # compiled forward-only paths
         y, final = op.call(kernel, seq, shared, state, mask)
         y_alone, finals = _alone(op, kernel, seq, shared, state, mask)
@@ -205,8 +210,8 @@ def test_packed_call_equals_documents_alone(backend, kernel, dtype, wide):
     leaves = [t.clone().requires_grad_() for t in (*seq, *shared, *state)]
     seq, shared, state = leaves[:len(seq)], leaves[len(seq):len(seq) + len(shared)], tuple(leaves[len(seq) + len(shared):])
     g = torch.Generator().manual_seed(1)
-    y_weight = torch.randn(y.shape, generator=g, dtype=dtype)
-    state_weights = [torch.randn(s.shape, generator=g, dtype=dtype) for s in final]
+    y_weight = torch.randn(y.shape, generator=g, dtype=dtype).to(device)
+    state_weights = [torch.randn(s.shape, generator=g, dtype=dtype).to(device) for s in final]
 
     y, final = op.call(kernel, seq, shared, state, mask)
     loss = (y * y_weight).sum() + sum((s * w).sum() for s, w in zip(final, state_weights))
@@ -257,3 +262,16 @@ def test_a_packed_call_passes_over_a_kernel_without_boundaries():
             ops.slstm_sequence(wx, R, doc_starts=packed_mask(), backend="no_boundaries")
     finally:
         registry.unregister("backend", "no_boundaries")
+
+
+@pytest.mark.slow  # 45-85 s each under the interpreter
+@pytest.mark.parametrize("block_d, wide", [(None, False), (16, True)], ids=["R-on-chip", "R-streamed"])
+def test_triton_slstm_packed_under_the_interpreter(block_d, wide):
+    """The Triton sLSTM kernels (both paths: R on chip, R streamed in 16-unit tiles) under the interpreter where no
+    GPU is visible, compiled on a GPU: the same packed-vs-alone check, float32 (the kernels' widest dtype)."""
+    pytest.importorskip("triton")
+    from xlstm_zoo.backends.triton.slstm import slstm_sequence_triton
+
+    kernel = Kernel("slstm", "sequence", "triton", functools.partial(slstm_sequence_triton, block_d=block_d),
+                    devices=("cuda",), doc_starts=True)
+    _check_packed(kernel, torch.float32, wide, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
