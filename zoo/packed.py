@@ -8,6 +8,8 @@ convention (batch 1, ``cu_seqlens`` of cumulative lengths) converts to it with :
 document of each row on its own (its first one from the row's state, the others from the zero state)
 and joining outputs and final states: exact for any module whose state holds everything it carries
 from one token to the next, at the price of one call per document. ``None`` skips all of this.
+:func:`takes_doc_starts` instead declares a forward that handles ``doc_starts`` itself (passes them down to
+its parts and its ops: one call for the whole batch); :func:`run_packed` calls a part either way.
 :func:`reset_rows` puts chosen rows of a state back to the zero state (a server restarting one user).
 """
 
@@ -157,8 +159,35 @@ def packable(forward):
     return wrapper
 
 
+def takes_doc_starts(forward):
+    """Declare that a module's ``forward(self, x, state=None, *, doc_starts=None, **kw)`` handles document
+    boundaries itself; ``doc_starts`` reaches it checked (a bool ``[B, T]`` on the CPU) or None."""
+
+    @functools.wraps(forward)
+    def wrapper(self, x, state=None, *, doc_starts=None, **kwargs):
+        if doc_starts is not None:
+            doc_starts = check_doc_starts(doc_starts, x.shape[0], x.shape[1])
+        return forward(self, x, state, doc_starts=doc_starts, **kwargs)
+
+    wrapper.packable = True
+    return wrapper
+
+
 def supports_doc_starts(module) -> bool:
     return bool(getattr(type(module).forward, "packable", False))
+
+
+def run_packed(module, x, state, doc_starts, **kwargs):
+    """``module(x, state, **kwargs)`` over packed rows: ``doc_starts`` handed on where the module declares them
+    (:func:`packable` or :func:`takes_doc_starts`), else one call per document (a part such as a conv whose
+    state holds all it carries). Tensor (or None) keywords are per-row inputs, cut with ``x``."""
+    if doc_starts is None:
+        return module(x, state, **kwargs)
+    if supports_doc_starts(module):
+        return module(x, state, doc_starts=doc_starts, **kwargs)
+    rows = {k: v for k, v in kwargs.items() if v is None or isinstance(v, torch.Tensor)}
+    fixed = {k: v for k, v in kwargs.items() if k not in rows}
+    return run_documents(functools.partial(module, **fixed), x, state, doc_starts, **rows)
 
 
 def check_rows(reset, batch: int) -> torch.Tensor:
