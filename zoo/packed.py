@@ -115,30 +115,51 @@ def join_rows(states: list):
     return first
 
 
+def split_rows(state, batch: int) -> list:
+    """Every row's state at once (:func:`select_rows` of each row), one ``split`` per tensor: autograd then joins
+    the rows' gradients in one step instead of a full-size zero tensor per row."""
+    if state is None:
+        return [None] * batch
+    if isinstance(state, torch.Tensor):
+        return list(state.split(1))
+    if isinstance(state, (tuple, list)):
+        parts = [split_rows(s, batch) for s in state]
+        rows = [[part[b] for part in parts] for b in range(batch)]
+        return [type(state)(*row) if hasattr(state, "_fields") else type(state)(row) for row in rows]
+    return [state] * batch
+
+
 def run_documents(forward, x: torch.Tensor, state, doc_starts: torch.Tensor, **row_inputs):
     """``forward(x, state, **row_inputs) -> (y, state)`` over every document of every row on its own.
 
-    ``row_inputs`` with the batch and time first (a cell's ``value_input``) are cut like ``x``."""
-    outputs, states = [None] * x.shape[0], [None] * x.shape[0]
+    ``row_inputs`` with the batch and time first (a cell's ``value_input``) are cut like ``x``. Inputs, outputs and
+    states are cut with ``split`` (autograd: one gradient per cut tensor, not a full-size one per document)."""
+    B = x.shape[0]
+    outputs, states = [None] * B, [None] * B
     if state is None:
         # Rows with no document start after position 0 begin from the zero state either way: one batched
         # call for all of them (packed training rows are mostly such rows; exact, the same maths).
-        plain = [b for b in range(x.shape[0]) if not bool(doc_starts[b, 1:].any())]
+        plain = [b for b in range(B) if not bool(doc_starts[b, 1:].any())]
         if len(plain) > 1:
             idx = torch.tensor(plain, device=x.device)
             extra = {k: None if v is None else v[idx] for k, v in row_inputs.items()}
             y, joint = forward(x[idx], None, **extra)
-            for j, b in enumerate(plain):
-                outputs[b], states[b] = y[j:j + 1], select_rows(joint, slice(j, j + 1))
-    for b in range(x.shape[0]):
+            for b, y_b, state_b in zip(plain, y.split(1), split_rows(joint, len(plain))):
+                outputs[b], states[b] = y_b, state_b
+    x_rows, state_rows = x.split(1), split_rows(state, B)
+    input_rows = {k: None if v is None else v.split(1) for k, v in row_inputs.items()}
+    for b in range(B):
         if outputs[b] is not None:
             continue
-        row_state, pieces = select_rows(state, slice(b, b + 1)), []
-        for start, end, fresh in segments(doc_starts[b]):
-            extra = {k: None if v is None else v[b:b + 1, start:end] for k, v in row_inputs.items()}
-            y, row_state = forward(x[b:b + 1, start:end], None if fresh else row_state, **extra)
-            pieces.append(y)
-        outputs[b], states[b] = torch.cat(pieces, dim=1), row_state
+        documents = segments(doc_starts[b])
+        lengths = [end - start for start, end, _ in documents]
+        pieces = x_rows[b].split(lengths, dim=1)
+        extras = {k: [None] * len(lengths) if v is None else v[b].split(lengths, dim=1) for k, v in input_rows.items()}
+        row_state, outs = state_rows[b], []
+        for i, (_, _, fresh) in enumerate(documents):
+            y, row_state = forward(pieces[i], None if fresh else row_state, **{k: v[i] for k, v in extras.items()})
+            outs.append(y)
+        outputs[b], states[b] = torch.cat(outs, dim=1), row_state
     return torch.cat(outputs, dim=0), join_rows(states)
 
 

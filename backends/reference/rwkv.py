@@ -122,12 +122,12 @@ def _chunks(k, v, w, u, num, den, m, starts=None):
     e_end = torch.exp(to_end - m_end[:, :, None])
     num_end, den_end = (e_end * v).sum(2), e_end.sum(2)
     # the state at each chunk's start: a loop over chunks
-    chunk_starts = []
+    chunk_starts, decayed = [], L * w
+    if doc is not None:  # a document starting within a chunk: the state carried in ends there (e^-inf = 0)
+        decayed = torch.where(doc[..., -1:] > 0, float("-inf"), decayed)                    # [B, N, C]
     for n in range(k.shape[1]):
         chunk_starts.append((num, den, m))
-        m_old = m + L * w
-        if doc is not None:  # a document starting within the chunk: the state carried in ends there
-            m_old = torch.where(doc[:, n, -1:] > 0, float("-inf"), m_old)
+        m_old = m + (decayed if doc is None else decayed[:, n])
         m = torch.maximum(m_old, m_end[:, n])
         a, b = torch.exp(m_old - m), torch.exp(m_end[:, n] - m)
         num, den = a * num + b * num_end[:, n], a * den + b * den_end[:, n]
