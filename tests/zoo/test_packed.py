@@ -3,7 +3,9 @@
 For every shipped model recipe: logits, each row's final state (its last document's own final state)
 and every parameter's gradient, with random document lengths (length 1, a document at position 0 and
 one starting at T-1, rows of other layouts), within 1e-5 of the output's scale in fp32 (1e-10 in
-fp64 for one model of each state kind). Then the
+fp64 for one model of each state kind). The path is the one a model takes: the sLSTM, LSTM, Mamba and
+RWKV cells hand ``doc_starts`` to their ops (the kernels restart rows; each kernel alone:
+tests/backends/test_packed_kernels.py), the other parts run each document on their own. Then the
 flash-linear-attention form (``cu_seqlens``), ``step(reset=...)``, and the errors for bad input.
 """
 
