@@ -21,6 +21,7 @@ from xlstm_zoo.backends.reference import KERNELS as _REFERENCE
 from xlstm_zoo.backends.reference.rwkv import WKV_FORMS
 from xlstm_zoo.backends.reference.selective_scan import SCAN_FORMS
 from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState, WKVState
+from xlstm_zoo.packed import check_doc_starts
 
 MLSTM_FORMS = ("recurrent", "parallel", "chunkwise")
 REFERENCE_KERNELS = {kernel.dispatch_op: kernel.run for kernel in _REFERENCE}  # what runs while tracing
@@ -58,14 +59,16 @@ def mlstm_step(q, k, v, i_pre, f_pre, state: MLSTMState | None, *, gates: GateSc
 
 
 def slstm_sequence(wx, R, state: SLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
-                   backend: str | None = None) -> tuple[torch.Tensor, SLSTMState]:
+                   doc_starts: torch.Tensor | None = None, backend: str | None = None) -> tuple[torch.Tensor, SLSTMState]:
     """sLSTM over a sequence. ``wx [B,H,T,4*Dh]`` = W x + b with gate blocks ordered (i, f, z, o);
     ``R [H,Dh,4*Dh]`` block-diagonal recurrent weights (head h maps ``h_{t-1}[:,h]`` to its 4 gate
-    blocks). Returns ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
+    blocks). Returns ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state. ``doc_starts [B, T]`` (bool):
+    the state entering a position where it is True is the zero state (packed documents)."""
+    packed = _boundaries(doc_starts, wx.shape[0], wx.shape[2])
     if backend is None and exporting():  # a compiled loop reads memory that the exporter's fakes lack
-        return REFERENCE_KERNELS["slstm_sequence"](wx, R, state, gates=gates)
-    impl = select("slstm_sequence", wx.device, wx.dtype, force=backend, head_dim=wx.shape[-1] // 4)
-    return impl.ops["slstm_sequence"](wx, R, state, gates=gates)
+        return REFERENCE_KERNELS["slstm_sequence"](wx, R, state, gates=gates, **packed)
+    impl = select("slstm_sequence", wx.device, wx.dtype, force=backend, head_dim=wx.shape[-1] // 4, **_asks(packed))
+    return impl.ops["slstm_sequence"](wx, R, state, gates=gates, **packed)
 
 
 def slstm_step(wx_t, R, state: SLSTMState | None, *, gates: GateSchemes = GateSchemes(),
@@ -77,10 +80,12 @@ def slstm_step(wx_t, R, state: SLSTMState | None, *, gates: GateSchemes = GateSc
     return impl.ops["slstm_step"](wx_t, R, state, gates=gates)
 
 
-def lstm_sequence(wx, R, state: LSTMState | None = None, *, backend: str | None = None) -> tuple[torch.Tensor, LSTMState]:
-    """Classic LSTM (sigmoid i, f, o; tanh z and c). Same layout as :func:`slstm_sequence`."""
-    impl = select("lstm_sequence", wx.device, wx.dtype, force=backend)
-    return impl.ops["lstm_sequence"](wx, R, state)
+def lstm_sequence(wx, R, state: LSTMState | None = None, *, doc_starts: torch.Tensor | None = None,
+                  backend: str | None = None) -> tuple[torch.Tensor, LSTMState]:
+    """Classic LSTM (sigmoid i, f, o; tanh z and c). Same layout and ``doc_starts`` as :func:`slstm_sequence`."""
+    packed = _boundaries(doc_starts, wx.shape[0], wx.shape[2])
+    impl = select("lstm_sequence", wx.device, wx.dtype, force=backend, **_asks(packed))
+    return impl.ops["lstm_sequence"](wx, R, state, **packed)
 
 
 def lstm_step(wx_t, R, state: LSTMState | None, *, backend: str | None = None) -> tuple[torch.Tensor, LSTMState]:
@@ -89,28 +94,33 @@ def lstm_step(wx_t, R, state: LSTMState | None, *, backend: str | None = None) -
     return impl.ops["lstm_step"](wx_t, R, state)
 
 
-def lstm_time_major(W, R, c0, h0, *, rows: int | None = None):
+def lstm_time_major(W, R, c0, h0, *, rows: int | None = None, doc_starts: torch.Tensor | None = None):
     """:func:`lstm_sequence` on time-major tensors as they are: ``W [T,H,B,4Dh]``, ``R [H,Dh,4Dh]``,
-    ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``, ``c_T, h_T [H,B,Dh]``. ``rows``: see :func:`accelerated`."""
-    return _layer("lstm_time_major", W, R, c0, h0, width=W.shape[1] * W.shape[3] // 4, rows=rows)(W, R, c0, h0)
+    ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``, ``c_T, h_T [H,B,Dh]``. ``rows``: see :func:`accelerated`;
+    ``doc_starts [B, T]``: as for :func:`lstm_sequence`."""
+    packed = _boundaries(doc_starts, W.shape[2], W.shape[0])
+    return _layer("lstm_time_major", W, R, c0, h0, width=W.shape[1] * W.shape[3] // 4, rows=rows,
+                  **_asks(packed))(W, R, c0, h0, **packed)
 
 
 def rwkv_wkv_sequence(k, v, w, u, state: WKVState | None = None, *, form: str = "chunkwise", chunk_size: int = 16,
-                      backend: str | None = None) -> tuple[torch.Tensor, WKVState]:
+                      doc_starts: torch.Tensor | None = None, backend: str | None = None) -> tuple[torch.Tensor, WKVState]:
     """RWKV-4's WKV recurrence over a sequence (:mod:`xlstm_zoo.backends.reference.rwkv`): ``k, v [B, T, C]``,
     the per-token log decay ``w [C]`` (negative: ``-exp(decay)``) and the bonus ``u [C]``. Returns
     ``wkv [B, T, C]`` (dtype of ``v``) and the final state. ``form``: ``recurrent`` or ``chunkwise`` (both
-    exact). ``state=None`` means the zero state."""
+    exact). ``state=None`` means the zero state; so is the state entering a position where ``doc_starts
+    [B, T]`` (bool) is True."""
     if form not in WKV_FORMS:
         raise ValueError(f"unknown WKV form {form!r}; allowed: {', '.join(WKV_FORMS)}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"WKV chunk_size must be a positive int, got {chunk_size!r}")
     _check_wkv("rwkv_wkv_sequence", k, v, w, u, state, "k, v [B, T, C]", 3)
+    packed = _boundaries(doc_starts, k.shape[0], k.shape[1])
     if tracing():  # the dispatcher is not traced
-        return REFERENCE_KERNELS["rwkv_wkv_sequence"](k, v, w, u, state, form=form, chunk_size=chunk_size)
+        return REFERENCE_KERNELS["rwkv_wkv_sequence"](k, v, w, u, state, form=form, chunk_size=chunk_size, **packed)
     impl = select("rwkv_wkv_sequence", k.device, k.dtype, force=backend, form=form, chunk_size=chunk_size,
-                  readable=readable(k, v, w, u, *(state or ()), tracing_checked=True))
-    return impl.ops["rwkv_wkv_sequence"](k, v, w, u, state, form=form, chunk_size=chunk_size)
+                  readable=readable(k, v, w, u, *(state or ()), tracing_checked=True), **_asks(packed))
+    return impl.ops["rwkv_wkv_sequence"](k, v, w, u, state, form=form, chunk_size=chunk_size, **packed)
 
 
 def rwkv_wkv_step(k, v, w, u, state: WKVState | None, *, backend: str | None = None) -> tuple[torch.Tensor, WKVState]:
@@ -160,6 +170,17 @@ def _layer(op: str, x: torch.Tensor, *others: torch.Tensor | None, **options):
     if tracing():
         return REFERENCE_KERNELS[op]
     return select(op, x.device, x.dtype, readable=readable(x, *others, tracing_checked=True), **options).ops[op]
+
+
+def _boundaries(doc_starts, batch: int, length: int) -> dict:
+    """A sequence op's ``doc_starts`` as its kernel's keyword (checked), or no keyword at all where None: a kernel
+    that does not take boundaries keeps the signature it had."""
+    return {} if doc_starts is None else {"doc_starts": check_doc_starts(doc_starts, batch, length)}
+
+
+def _asks(packed: dict) -> dict:
+    """The dispatcher option that a packed call adds: only kernels that take ``doc_starts`` serve it."""
+    return {"doc_starts": True} if packed else {}
 
 
 def _require(op: str, ok: bool, describe) -> None:
@@ -249,12 +270,13 @@ def block_diagonal(x, weight, bias=None) -> torch.Tensor:
     return _layer("block_diagonal", x, weight, bias, block=block, width=x.shape[-1])(x, weight, bias)
 
 
-def selective_scan(u, dt, A, B, C, h0=None, *, form: str = "chunked",
-                   chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def selective_scan(u, dt, A, B, C, h0=None, *, form: str = "chunked", chunk_size: int | None = None,
+                   doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba's selective scan: per channel ``e`` and state ``n``, ``h_t = exp(dt_t A) h_{t-1} + dt_t u_t B_t`` and
     ``y_t = C_t . h_t``. ``u, dt [B, T, E]`` (``dt`` after the softplus), ``A [E, N]`` (negative),
     ``B, C [B, T, N]``, ``h0 [B, E, N]`` (None: zeros) -> ``y [B, T, E]``, the final state ``[B, E, N]``.
-    ``form`` is ``chunked`` or ``sequential`` (both exact; ``chunk_size``: the chunked form's, None about sqrt(T))."""
+    ``form`` is ``chunked`` or ``sequential`` (both exact; ``chunk_size``: the chunked form's, None about sqrt(T)).
+    ``doc_starts [B, T]`` (bool): where True, the state carried in is dropped (h restarts from zero there)."""
     _require("selective_scan", form in SCAN_FORMS, lambda: (f"form {form!r}", f"one of {', '.join(SCAN_FORMS)}"))
     ok = (u.dim() == 3 and dt.shape == u.shape and A.dim() == 2 and A.shape[0] == u.shape[2]
           and B.shape == (u.shape[0], u.shape[1], A.shape[1]) and C.shape == B.shape
@@ -264,4 +286,6 @@ def selective_scan(u, dt, A, B, C, h0=None, *, form: str = "chunked",
         "u, dt [B, T, E], A [E, N], B, C [B, T, N], h0 [B, E, N] or None"))
     if h0 is None:
         h0 = u.new_zeros(u.shape[0], u.shape[2], A.shape[1], dtype=A.dtype)
-    return _layer("selective_scan", u, dt, A, B, C, h0, form=form)(u, dt, A, B, C, h0, form, chunk_size)
+    packed = _boundaries(doc_starts, u.shape[0], u.shape[1])
+    return _layer("selective_scan", u, dt, A, B, C, h0, form=form, **_asks(packed))(u, dt, A, B, C, h0, form,
+                                                                                     chunk_size, **packed)

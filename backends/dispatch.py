@@ -103,7 +103,8 @@ def _select(op, device, dtype, force, options) -> Backend:
         if reason:
             raise BackendError(f"backend {force!r} was forced but is unavailable: {reason}")
         if not chosen.supports(op, device, dtype, **options):
-            raise BackendError(f"backend {force!r} was forced but does not support {op} on {device.type}/{dtype} {options}")
+            raise BackendError(f"backend {force!r} was forced but " + _status(chosen, op, device, dtype, options)
+                               + f" ({options})")
         return chosen
     for candidate in sorted(backends.values(), key=lambda b: -b.priority):
         if _status(candidate, op, device, dtype, options) == "ok":
@@ -145,6 +146,8 @@ def _status(backend: Backend, op, device, dtype, options) -> str:
         reason = backend.unavailable_reason()
         if reason is None and not backend.supports(op, device, dtype, **options):
             reason = f"does not support {op} on {device.type}/{dtype}"
+            if options.get("doc_starts") and backend.supports(op, device, dtype, **{**options, "doc_starts": False}):
+                reason = f"its {op} kernel does not take document boundaries (doc_starts)"
     except Exception as err:  # a broken plugin backend must not stop dispatch
         reason = f"its availability check raised {type(err).__name__}: {err}"
     return reason or "ok"

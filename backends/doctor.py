@@ -13,12 +13,14 @@ import torch
 
 from xlstm_zoo.backends.cpp.build import built_with, compiler
 from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, select
-from xlstm_zoo.backends.kernel import SHAPES, op_function
+from xlstm_zoo.backends.kernel import BOUNDARY_OPS, SHAPES, op_function
 from xlstm_zoo.backends.triton import triton_missing_reason
 from xlstm_zoo.errors import BackendError
 
 # Every op function a kernel can serve, in the declarations' order.
 OPS = tuple(dict.fromkeys(op_function(op, form) for op, form in SHAPES))
+# The op functions that take doc_starts: each gets a second row, its packed calls' choice.
+PACKED_OPS = tuple(dict.fromkeys(op_function(op, form) for op, form in SHAPES if op in BOUNDARY_OPS and form != "step"))
 OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}, "head_norm": {"heads": 4},
               "block_diagonal": {"block": 4, "width": 128}, "selective_scan": {"form": "chunked"},
               "rwkv_wkv_sequence": {"form": "chunkwise", "chunk_size": 16}}  # the cells' defaults
@@ -84,18 +86,22 @@ class OpChoice:
     dtype: str
     uses: str                    # the chosen backend, or why none can serve
     statuses: dict[str, str]     # backend -> "ok" or why not
+    packed: bool = False         # the choice for packed calls (doc_starts given)
 
 
 def op_choices(device: torch.device, dtype: torch.dtype) -> list[OpChoice]:
+    """Each op's choice, and after it, for the ops that take ``doc_starts``, the choice for packed calls."""
     rows = []
     for op in OPS:
-        options = {**OP_OPTIONS.get(op, {}), **READABLE}
-        statuses = {name: status for name, _, status in explain(op, device, dtype, **options)}
-        try:
-            uses = select(op, device, dtype, **options).name
-        except BackendError as err:
-            uses = f"none: {err}"
-        rows.append(OpChoice(op, device.type, str(dtype).removeprefix("torch."), uses, statuses))
+        for packed in (False, True) if op in PACKED_OPS else (False,):
+            options = {**OP_OPTIONS.get(op, {}), **READABLE, **({"doc_starts": True} if packed else {})}
+            statuses = {name: status for name, _, status in explain(op, device, dtype, **options)}
+            try:
+                uses = select(op, device, dtype, **options).name
+            except BackendError as err:
+                # packed: the module above the op runs each document alone (xlstm_zoo.packed.packable)
+                uses = "none: each document alone, one call each" if packed else f"none: {err}"
+            rows.append(OpChoice(op, device.type, str(dtype).removeprefix("torch."), uses, statuses, packed))
     return rows
 
 

@@ -7,6 +7,11 @@ is a named, prioritised set of kernels plus an availability check. Everything th
 what a backend can do reads these declarations: :meth:`Backend.supports` (what the dispatcher
 asks), ``xlstm-zoo doctor`` and the backend table in ``docs/backends.md``
 (:func:`xlstm_zoo.backends.catalog.markdown_table`, checked by a test).
+
+Document boundaries: the sequence forms of the recurrent ops take an optional ``doc_starts [B, T]`` (bool,
+True where a document starts: the state entering that position is the zero state; see
+:mod:`xlstm_zoo.packed`). A kernel says whether it takes them (``Kernel.doc_starts``); for a packed call the
+op asks the dispatcher with the option ``doc_starts=True``, which only such kernels accept.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ SHAPES = {
     ("selective_scan", "chunked"): "u, dt [B,T,E]; A [E,N]; B, C [B,T,N]; h0 [B,E,N] -> y [B,T,E]; h_T [B,E,N]",
     ("selective_scan", "sequential"): "u, dt [B,T,E]; A [E,N]; B, C [B,T,N]; h0 [B,E,N] -> y [B,T,E]; h_T [B,E,N]",
 }
+# Ops whose sequence forms carry state across positions: their op functions take doc_starts.
+BOUNDARY_OPS = ("mlstm", "slstm", "lstm", "rwkv_wkv", "selective_scan", "causal_conv_silu")
 # Ops whose sequence form is chosen per call: the option that names it and its default.
 SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise"), "rwkv_wkv": ("form", "chunkwise"),
                         "selective_scan": ("form", "chunked")}
@@ -142,6 +149,7 @@ class Kernel:
     notes: str = ""
     opaque: bool = False                         # reads raw memory (a compiled call): only where readable=True
     traced_op: str | None = None                 # the custom op (``ns::name``) a torch.compile graph calls for it
+    doc_starts: bool = False                     # takes document boundaries (the op's doc_starts [B, T])
 
     def __post_init__(self):
         if (self.op, self.form) not in SHAPES:
@@ -172,6 +180,7 @@ class Kernel:
     def supports(self, device: torch.device, dtype: torch.dtype, options: dict) -> bool:
         return ((not self.devices or device.type in self.devices) and (not self.dtypes or dtype in self.dtypes)
                 and (not self.opaque or options.get("readable", False))
+                and (self.doc_starts or not options.get("doc_starts", False))
                 and all(limit.accepts(options) for limit in self.limits))
 
 
@@ -198,8 +207,8 @@ class Backend:
     def supports(self, op: str, device: torch.device, dtype: torch.dtype, **options) -> bool:
         if op not in self.ops:
             return False
-        if not self.kernels:
-            return True
+        if not self.kernels:  # a plugin's bare ops: they know nothing of document boundaries
+            return not options.get("doc_starts", False)
         return any(k.serves(op, options) and k.supports(device, dtype, options) for k in self.kernels)
 
 

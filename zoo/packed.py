@@ -8,6 +8,8 @@ convention (batch 1, ``cu_seqlens`` of cumulative lengths) converts to it with :
 document of each row on its own (its first one from the row's state, the others from the zero state)
 and joining outputs and final states: exact for any module whose state holds everything it carries
 from one token to the next, at the price of one call per document. ``None`` skips all of this.
+:func:`takes_doc_starts` instead declares a forward that handles ``doc_starts`` itself (passes them down to
+its parts and its ops: one call for the whole batch); :func:`run_packed` calls a part either way.
 :func:`reset_rows` puts chosen rows of a state back to the zero state (a server restarting one user).
 """
 
@@ -60,6 +62,24 @@ def boundaries(doc_starts, cu_seqlens, batch: int, length: int) -> torch.Tensor 
     return None if doc_starts is None else check_doc_starts(doc_starts, batch, length)
 
 
+def rows_starting(doc_starts: torch.Tensor | None, device=None) -> dict[int, torch.Tensor]:
+    """``{t: rows [B] (bool)}`` for every position t where some row's document starts: the rows whose state is
+    put back to the zero state before t (a loop over time restarts exactly these; positions not listed run
+    as they would without boundaries). Empty for None."""
+    if doc_starts is None:
+        return {}
+    on_device = doc_starts.to(device)
+    return {t: on_device[:, t] for t in doc_starts.any(0).nonzero().flatten().tolist()}
+
+
+def last_document(doc_starts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``[B, len(positions)]`` (bool): whether each position (negative: the state's, before the row) lies in its
+    row's last document. A carried window (a conv's last inputs) keeps only those, zeros elsewhere."""
+    index = torch.arange(doc_starts.shape[1], device=doc_starts.device)
+    last = torch.where(doc_starts, index, torch.iinfo(index.dtype).min).amax(1)  # [B]; no start: before all
+    return positions.to(doc_starts.device)[None, :] >= last[:, None]
+
+
 def segments(row_starts: torch.Tensor) -> list[tuple[int, int, bool]]:
     """``(start, end, fresh)`` per document of one row; ``fresh``: it starts from the zero state."""
     cuts = row_starts.nonzero().flatten().tolist()
@@ -95,30 +115,51 @@ def join_rows(states: list):
     return first
 
 
+def split_rows(state, batch: int) -> list:
+    """Every row's state at once (:func:`select_rows` of each row), one ``split`` per tensor: autograd then joins
+    the rows' gradients in one step instead of a full-size zero tensor per row."""
+    if state is None:
+        return [None] * batch
+    if isinstance(state, torch.Tensor):
+        return list(state.split(1))
+    if isinstance(state, (tuple, list)):
+        parts = [split_rows(s, batch) for s in state]
+        rows = [[part[b] for part in parts] for b in range(batch)]
+        return [type(state)(*row) if hasattr(state, "_fields") else type(state)(row) for row in rows]
+    return [state] * batch
+
+
 def run_documents(forward, x: torch.Tensor, state, doc_starts: torch.Tensor, **row_inputs):
     """``forward(x, state, **row_inputs) -> (y, state)`` over every document of every row on its own.
 
-    ``row_inputs`` with the batch and time first (a cell's ``value_input``) are cut like ``x``."""
-    outputs, states = [None] * x.shape[0], [None] * x.shape[0]
+    ``row_inputs`` with the batch and time first (a cell's ``value_input``) are cut like ``x``. Inputs, outputs and
+    states are cut with ``split`` (autograd: one gradient per cut tensor, not a full-size one per document)."""
+    B = x.shape[0]
+    outputs, states = [None] * B, [None] * B
     if state is None:
         # Rows with no document start after position 0 begin from the zero state either way: one batched
         # call for all of them (packed training rows are mostly such rows; exact, the same maths).
-        plain = [b for b in range(x.shape[0]) if not bool(doc_starts[b, 1:].any())]
+        plain = [b for b in range(B) if not bool(doc_starts[b, 1:].any())]
         if len(plain) > 1:
             idx = torch.tensor(plain, device=x.device)
             extra = {k: None if v is None else v[idx] for k, v in row_inputs.items()}
             y, joint = forward(x[idx], None, **extra)
-            for j, b in enumerate(plain):
-                outputs[b], states[b] = y[j:j + 1], select_rows(joint, slice(j, j + 1))
-    for b in range(x.shape[0]):
+            for b, y_b, state_b in zip(plain, y.split(1), split_rows(joint, len(plain))):
+                outputs[b], states[b] = y_b, state_b
+    x_rows, state_rows = x.split(1), split_rows(state, B)
+    input_rows = {k: None if v is None else v.split(1) for k, v in row_inputs.items()}
+    for b in range(B):
         if outputs[b] is not None:
             continue
-        row_state, pieces = select_rows(state, slice(b, b + 1)), []
-        for start, end, fresh in segments(doc_starts[b]):
-            extra = {k: None if v is None else v[b:b + 1, start:end] for k, v in row_inputs.items()}
-            y, row_state = forward(x[b:b + 1, start:end], None if fresh else row_state, **extra)
-            pieces.append(y)
-        outputs[b], states[b] = torch.cat(pieces, dim=1), row_state
+        documents = segments(doc_starts[b])
+        lengths = [end - start for start, end, _ in documents]
+        pieces = x_rows[b].split(lengths, dim=1)
+        extras = {k: [None] * len(lengths) if v is None else v[b].split(lengths, dim=1) for k, v in input_rows.items()}
+        row_state, outs = state_rows[b], []
+        for i, (_, _, fresh) in enumerate(documents):
+            y, row_state = forward(pieces[i], None if fresh else row_state, **{k: v[i] for k, v in extras.items()})
+            outs.append(y)
+        outputs[b], states[b] = torch.cat(outs, dim=1), row_state
     return torch.cat(outputs, dim=0), join_rows(states)
 
 
@@ -139,8 +180,35 @@ def packable(forward):
     return wrapper
 
 
+def takes_doc_starts(forward):
+    """Declare that a module's ``forward(self, x, state=None, *, doc_starts=None, **kw)`` handles document
+    boundaries itself; ``doc_starts`` reaches it checked (a bool ``[B, T]`` on the CPU) or None."""
+
+    @functools.wraps(forward)
+    def wrapper(self, x, state=None, *, doc_starts=None, **kwargs):
+        if doc_starts is not None:
+            doc_starts = check_doc_starts(doc_starts, x.shape[0], x.shape[1])
+        return forward(self, x, state, doc_starts=doc_starts, **kwargs)
+
+    wrapper.packable = True
+    return wrapper
+
+
 def supports_doc_starts(module) -> bool:
     return bool(getattr(type(module).forward, "packable", False))
+
+
+def run_packed(module, x, state, doc_starts, **kwargs):
+    """``module(x, state, **kwargs)`` over packed rows: ``doc_starts`` handed on where the module declares them
+    (:func:`packable` or :func:`takes_doc_starts`), else one call per document (a part such as a conv whose
+    state holds all it carries). Tensor (or None) keywords are per-row inputs, cut with ``x``."""
+    if doc_starts is None:
+        return module(x, state, **kwargs)
+    if supports_doc_starts(module):
+        return module(x, state, doc_starts=doc_starts, **kwargs)
+    rows = {k: v for k, v in kwargs.items() if v is None or isinstance(v, torch.Tensor)}
+    fixed = {k: v for k, v in kwargs.items() if k not in rows}
+    return run_documents(functools.partial(module, **fixed), x, state, doc_starts, **rows)
 
 
 def check_rows(reset, batch: int) -> torch.Tensor:

@@ -152,7 +152,7 @@ class Stack(nn.Module):
             return self._forward(x, state)
         starts = packed.check_doc_starts(doc_starts, x.shape[0], x.shape[1])
         self.check_packable()
-        return packed.run_documents(self._forward, x, state, starts)
+        return self._forward(x, state, starts)
 
     def check_packable(self) -> None:
         """An :class:`InputError` naming the first block or cell that does not declare document boundaries."""
@@ -164,14 +164,14 @@ class Stack(nn.Module):
                                      "declare support for document boundaries (doc_starts / cu_seqlens); decorate "
                                      "its forward with xlstm_zoo.packed.packable if its state holds all it carries")
 
-    def _forward(self, x: torch.Tensor, state: tuple | None = None):
+    def _forward(self, x: torch.Tensor, state: tuple | None = None, doc_starts: torch.Tensor | None = None):
         if state is None:
             state = (None,) * len(self.blocks)
         else:
             self.check_state(state, x.shape[0], x.dtype)
         new_state = []
-        for block, block_state in zip(self.blocks, state):
-            x, block_state = block(x, block_state)
+        for block, block_state in zip(self.blocks, state):  # each block handles the boundaries its way
+            x, block_state = packed.run_packed(block, x, block_state, doc_starts)
             new_state.append(block_state)
         return self.post_norm(x), tuple(new_state)
 

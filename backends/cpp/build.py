@@ -258,6 +258,12 @@ def pointer(x) -> int | None:
     return None if x is None else x.data_ptr()
 
 
+def starts_bytes(doc_starts: torch.Tensor | None) -> torch.Tensor | None:
+    """``doc_starts [B, T]`` (bool) as the kernels read it, one byte a position, row-major; None stays None (a
+    null pointer: no document boundaries). Hold it in a local until the call returns."""
+    return None if doc_starts is None else doc_starts.to(device="cpu", dtype=torch.uint8).contiguous()
+
+
 def row_view(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``x`` as ``[rows, features]`` with contiguous features and one stride between rows, and that stride:
     the kernels that take a row stride read x in place where its layout allows (a half of a wider tensor

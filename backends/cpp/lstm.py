@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from xlstm_zoo.backends.cpp.build import c_entry, loop_function, pointer
+from xlstm_zoo.backends.cpp.build import c_entry, loop_function, pointer, starts_bytes
 from xlstm_zoo.backends.fused.lstm import run_sequence
-from xlstm_zoo.backends.fused.time_major import (from_time_major, recurrent_weight_grad, state_in, state_out,
-                                                 to_time_major)
+from xlstm_zoo.backends.fused.time_major import (entering, from_time_major, recurrent_weight_grad, state_in, state_out,
+                                                 time_major_starts, to_time_major)
 from xlstm_zoo.backends.kernel import Kernel, Limit
 from xlstm_zoo.backends.states import LSTMState
 
@@ -20,13 +20,14 @@ __all__ = ["TIME_MAJOR_KERNEL", "lstm_sequence", "lstm_time_major"]
 
 # The C entries this module calls (argument types; see build.c_entry).
 for _dtype in ("f32", "f64"):
-    c_entry(f"lstm_forward_{_dtype}", "ptr*7 i64*5")
-    c_entry(f"lstm_backward_{_dtype}", "ptr*9 i64*5")
+    c_entry(f"lstm_forward_{_dtype}", "ptr*8 i64*5")
+    c_entry(f"lstm_backward_{_dtype}", "ptr*10 i64*5")
 
 
-def _forward_loops(W, R, c0, h0):
+def _forward_loops(W, R, c0, h0, starts):
     """The forward loop on time-major ``W [T,H,B,4Dh]`` and states ``[H,B,Dh]``: the pre-activations ``G``
-    and every cell and hidden state ``Cs, Hs [T+1,H,B,Dh]`` (index 0: the initial state)."""
+    and every cell and hidden state ``Cs, Hs [T+1,H,B,Dh]`` (index 0: the initial state). ``starts``: the
+    document starts as :func:`~xlstm_zoo.backends.cpp.build.starts_bytes` gives them, or None."""
     forward = loop_function("lstm_forward", W)
     T, H, B, four_dh = W.shape
     # Held here: a temporary's pointer would dangle by the time of the call.
@@ -34,11 +35,11 @@ def _forward_loops(W, R, c0, h0):
     G = torch.empty_like(W)
     Cs, Hs = (torch.empty(T + 1, H, B, four_dh // 4, dtype=W.dtype) for _ in range(2))
     forward(W.data_ptr(), R.data_ptr(), c0.data_ptr(), h0.data_ptr(), G.data_ptr(), Cs.data_ptr(),
-            Hs.data_ptr(), T, H, B, four_dh // 4, torch.get_num_threads())
+            Hs.data_ptr(), pointer(starts), T, H, B, four_dh // 4, torch.get_num_threads())
     return G, R, Cs, Hs
 
 
-def _backward_loops(G, R, Cs, Hs, dH, dc_T, dh_T):
+def _backward_loops(G, R, Cs, Hs, dH, dc_T, dh_T, doc_starts, starts):
     """The backward loop, time-major like :func:`_forward_loops` (``dH [T,H,B,Dh]``, ``dc_T, dh_T [H,B,Dh]``,
     each may be None): ``dW, dR, dc0, dh0``."""
     backward = loop_function("lstm_backward", G)
@@ -48,17 +49,20 @@ def _backward_loops(G, R, Cs, Hs, dH, dc_T, dh_T):
     dG = torch.empty_like(G)
     dc0, dh0 = (torch.empty(H, B, four_dh // 4, dtype=G.dtype) for _ in range(2))
     backward(G.data_ptr(), Rt.data_ptr(), Cs.data_ptr(), pointer(dH), pointer(dc_T), pointer(dh_T),
-             dG.data_ptr(), dc0.data_ptr(), dh0.data_ptr(), T, H, B, four_dh // 4, torch.get_num_threads())
-    return dG, recurrent_weight_grad(Hs[:-1], dG), dc0, dh0
+             dG.data_ptr(), dc0.data_ptr(), dh0.data_ptr(), pointer(starts), T, H, B, four_dh // 4,
+             torch.get_num_threads())
+    return dG, recurrent_weight_grad(entering(Hs, time_major_starts(doc_starts, Hs.device)), dG), dc0, dh0
 
 
 class _CppLSTMFunction(torch.autograd.Function):
     """The op's layout: ``wx [B,H,T,4Dh]``, states ``[B,H,Dh]``, copied to and from the loops' time-major one."""
 
     @staticmethod
-    def forward(ctx, wx, R, c0, h0):
-        G, R, Cs, Hs = _forward_loops(to_time_major(wx, wx.dtype), R, state_in(c0), state_in(h0))
+    def forward(ctx, wx, R, c0, h0, doc_starts):
+        starts = starts_bytes(doc_starts)
+        G, R, Cs, Hs = _forward_loops(to_time_major(wx, wx.dtype), R, state_in(c0), state_in(h0), starts)
         ctx.save_for_backward(G, R, Cs, Hs)
+        ctx.doc_starts, ctx.starts = doc_starts, starts
         T = G.shape[0]
         return from_time_major(Hs[1:]).contiguous(), state_out(Cs[T]), state_out(Hs[T])
 
@@ -66,13 +70,15 @@ class _CppLSTMFunction(torch.autograd.Function):
     def backward(ctx, dh_all, dc_T, dh_T):
         dh_all = to_time_major(dh_all, dh_all.dtype) if dh_all is not None else None
         dc_T, dh_T = (state_in(d) if d is not None else None for d in (dc_T, dh_T))
-        dG, dR, dc0, dh0 = _backward_loops(*ctx.saved_tensors, dh_all, dc_T, dh_T)
-        return from_time_major(dG), dR, state_out(dc0), state_out(dh0)
+        dG, dR, dc0, dh0 = _backward_loops(*ctx.saved_tensors, dh_all, dc_T, dh_T, ctx.doc_starts, ctx.starts)
+        return from_time_major(dG), dR, state_out(dc0), state_out(dh0), None
 
 
-def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
-    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
-    return run_sequence(wx, R, state, function=_CppLSTMFunction)
+def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = None, *,
+                  doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, LSTMState]:
+    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state; the zero state
+    again where ``doc_starts [B, T]`` is True."""
+    return run_sequence(wx, R, state, function=_CppLSTMFunction, doc_starts=doc_starts)
 
 
 class _CppLSTMTimeMajor(torch.autograd.Function):
@@ -80,26 +86,30 @@ class _CppLSTMTimeMajor(torch.autograd.Function):
     layout copies on either side (for a caller that computes ``W`` time-major in the first place)."""
 
     @staticmethod
-    def forward(ctx, W, R, c0, h0):
-        G, R, Cs, Hs = _forward_loops(W, R, c0, h0)
+    def forward(ctx, W, R, c0, h0, doc_starts):
+        starts = starts_bytes(doc_starts)
+        G, R, Cs, Hs = _forward_loops(W, R, c0, h0, starts)
         ctx.save_for_backward(G, R, Cs, Hs)
+        ctx.doc_starts, ctx.starts = doc_starts, starts
         T = G.shape[0]
         return Hs[1:], Cs[T].clone(), Hs[T].clone()
 
     @staticmethod
     def backward(ctx, dH, dc_T, dh_T):
-        return _backward_loops(*ctx.saved_tensors, dH, dc_T, dh_T)
+        return (*_backward_loops(*ctx.saved_tensors, dH, dc_T, dh_T, ctx.doc_starts, ctx.starts), None)
 
 
-def lstm_time_major(W: torch.Tensor, R: torch.Tensor, c0: torch.Tensor, h0: torch.Tensor):
+def lstm_time_major(W: torch.Tensor, R: torch.Tensor, c0: torch.Tensor, h0: torch.Tensor, *,
+                    doc_starts: torch.Tensor | None = None):
     """``W [T,H,B,4Dh]`` (W x + b, gates i, f, z, o), ``R [H,Dh,4Dh]``, ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``,
-    ``c_T, h_T [H,B,Dh]``; float32/float64 CPU tensors, with autograd."""
-    return _CppLSTMTimeMajor.apply(W, R, c0, h0)
+    ``c_T, h_T [H,B,Dh]``; float32/float64 CPU tensors, with autograd. ``doc_starts [B, T]``: the zero state
+    again where True."""
+    return _CppLSTMTimeMajor.apply(W, R, c0, h0, doc_starts)
 
 
 # Where the loops on time-major tensors beat torch's own LSTM (oneDNN), which an LSTM cell runs otherwise: from
 # 64 units wide, and for one head (the only case where torch.lstm does no wasted work) on at most 4 rows; the
 # cell passes ``rows`` only then (docs/performance.md has the measurements).
 TIME_MAJOR_KERNEL = Kernel("lstm", "time_major", "cpp", lstm_time_major, devices=("cpu",), dtypes=(torch.float32,),
-                           opaque=True, limits=(Limit("width", low=64), Limit("rows", high=4)),
+                           opaque=True, doc_starts=True, limits=(Limit("width", low=64), Limit("rows", high=4)),
                            notes="the loops on the layout as it is: no copies; limits where they beat torch.lstm")

@@ -15,6 +15,8 @@
 //   R      [H, D, 4D];  Rt [H, 4D, D] (R transposed, for the backward's axpys)
 //   c0 h0  [H, B, D]
 //   C, Hs  [T+1, H, B, D]   index 0 receives the initial state
+//   starts [B, T] (bytes; null: none)  1 where a document starts: that token enters from the zero state
+//                            (c = h = 0); the stored states stay those after each token
 // Backward: dH [T, H, B, D] (null: zeros), dcT dhT [H, B, D] (null: zeros) in; dG [T, H, B, 4D] and
 // dc0 dh0 [H, B, D] out (dR is one matmul in Python).
 
@@ -35,7 +37,10 @@ template <typename T>
 struct Problem {
     const T *W, *R, *c0, *h0;
     T *G, *C, *Hs;
+    const uint8_t* starts;
     int64_t steps, heads, batch, dim;
+
+    bool restarts(int64_t row, int64_t t) const { return starts && starts[(row % batch) * steps + t]; }
 };
 
 template <typename T>
@@ -50,6 +55,10 @@ void forward_rows(const Problem<T>& p, int64_t row_begin, int64_t row_end) {
         std::copy(c, c + D, p.C + row * D);
         std::copy(h, h + D, p.Hs + row * D);
         for (int64_t t = 0; t < p.steps; ++t) {
+            if (p.restarts(row, t)) {
+                std::fill(c, c + D, T(0));
+                std::fill(h, h + D, T(0));
+            }
             preactivations(g, p.W + (t * rows + row) * D4, h, R, D);
             std::copy(g, g + D4, p.G + (t * rows + row) * D4);
             XLSTM_ZOO_SIMD
@@ -67,7 +76,10 @@ template <typename T>
 struct Gradients {
     const T *G, *Rt, *C, *dH, *dcT, *dhT;
     T *dG, *dc0, *dh0;
+    const uint8_t* starts;
     int64_t steps, heads, batch, dim;
+
+    bool restarts(int64_t row, int64_t t) const { return starts && starts[(row % batch) * steps + t]; }
 };
 
 template <typename T>
@@ -75,6 +87,7 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
     const int64_t D = p.dim, D4 = 4 * D, rows = p.heads * p.batch;
     std::vector<T> dc_buf(D), dh_buf(D), dg_buf(D4);
     T *__restrict dc = dc_buf.data(), *__restrict dh_rec = dh_buf.data(), *__restrict dg = dg_buf.data();
+    const std::vector<T> zeros(D, T(0));  // the cell state entering a token that starts a document
     for (int64_t row = row_begin; row < row_end; ++row) {
         const T* Rt = p.Rt + (row / p.batch) * D4 * D;
         load_row(dc, p.dcT, row, D);
@@ -84,8 +97,10 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
                 const T* dh_out = p.dH + (t * rows + row) * D;
                 for (int64_t j = 0; j < D; ++j) dh_rec[j] += dh_out[j];
             }
+            const bool restart = p.restarts(row, t);
             const T *__restrict g = p.G + (t * rows + row) * D4;
-            const T *__restrict c = p.C + ((t + 1) * rows + row) * D, *__restrict c_prev = c - rows * D;
+            const T *__restrict c = p.C + ((t + 1) * rows + row) * D;
+            const T *__restrict c_prev = restart ? zeros.data() : c - rows * D;
             XLSTM_ZOO_SIMD
             for (int64_t j = 0; j < D; ++j) {
                 const T i = sigmoid(g[j]), f = sigmoid(g[D + j]), z = vtanh(g[2 * D + j]), o = sigmoid(g[3 * D + j]);
@@ -98,7 +113,12 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
                 dc[j] = dct * f;
             }
             std::copy(dg, dg + D4, p.dG + (t * rows + row) * D4);
-            recurrent_input_grad(dh_rec, dg, Rt, D);
+            if (restart) {  // nothing reaches the state before a document start
+                std::fill(dc, dc + D, T(0));
+                std::fill(dh_rec, dh_rec + D, T(0));
+            } else {
+                recurrent_input_grad(dh_rec, dg, Rt, D);
+            }
         }
         std::copy(dc, dc + D, p.dc0 + row * D);
         std::copy(dh_rec, dh_rec + D, p.dh0 + row * D);
@@ -158,6 +178,7 @@ void forward_batched(const Problem<float>& p, int64_t threads) {
     const int64_t D = p.dim, D4 = 4 * D, H = p.heads, B = p.batch, rows = H * B;
     std::copy(p.c0, p.c0 + rows * D, p.C);
     std::copy(p.h0, p.h0 + rows * D, p.Hs);
+    const std::vector<float> zeros(D, 0.0f);  // the cell state entering a token that starts a document
     team(batched_threads(H, B, D, threads), [&](int index, int count, const TeamBarrier& barrier) {
         int64_t j0, j1;
         owned_units(D, index, count, j0, j1);
@@ -175,10 +196,15 @@ void forward_batched(const Problem<float>& p, int64_t threads) {
                                            Addend{W + col, int(D4)}, G + col, int(D4));
                     }
                 for (int64_t b = 0; b < B; ++b) {
+                    const bool restart = p.restarts(b, t);
+                    if (restart)  // h_prev = 0 there: G = W for this thread's units
+                        for (int gate = 0; gate < 4; ++gate)
+                            std::copy(W + b * D4 + gate * D + j0, W + b * D4 + gate * D + j1, G + b * D4 + gate * D + j0);
                     const float* g = G + b * D4;
+                    const float* cp = restart ? zeros.data() : c_prev + b * D;
                     XLSTM_ZOO_SIMD
                     for (int64_t j = j0; j < j1; ++j) {
-                        const float c = sigmoid(g[D + j]) * c_prev[b * D + j] + sigmoid(g[j]) * vtanh(g[2 * D + j]);
+                        const float c = sigmoid(g[D + j]) * cp[j] + sigmoid(g[j]) * vtanh(g[2 * D + j]);
                         c_next[b * D + j] = c;
                         h_next[b * D + j] = vtanh(c) * sigmoid(g[3 * D + j]);
                     }
@@ -197,6 +223,7 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
         load_row(dc + r * D, p.dcT, r, D);
         load_row(dh_rec + r * D, p.dhT, r, D);
     }
+    const std::vector<float> zeros(D, 0.0f);  // the cell state entering a token that starts a document
     team(batched_threads(H, B, D, threads), [&](int index, int count, const TeamBarrier& barrier) {
         int64_t j0, j1;
         owned_units(D, index, count, j0, j1);
@@ -207,8 +234,9 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
                 float* dG = p.dG + at * D4;
                 for (int64_t b = 0; b < B; ++b) {
                     const int64_t r = h * B + b;
+                    const bool restart = p.restarts(b, t);
                     const float *__restrict g = G + b * D4, *__restrict c = c_all + b * D;
-                    const float *__restrict c_prev = c_prev_all + b * D;
+                    const float *__restrict c_prev = restart ? zeros.data() : c_prev_all + b * D;
                     const float* dh_out = p.dH ? p.dH + (at + b) * D : nullptr;
                     float *__restrict dg = dG + b * D4, *__restrict dcr = dc + r * D, *__restrict dhr = dh_rec + r * D;
                     XLSTM_ZOO_SIMD
@@ -221,7 +249,7 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
                         dg[D + j] = dct * (c_prev[j] * (f * (1.0f - f)));
                         dg[2 * D + j] = dct * (i * (1.0f - z * z));
                         dg[3 * D + j] = dh * (tc * (o * (1.0f - o)));
-                        dcr[j] = dct * f;
+                        dcr[j] = restart ? 0.0f : dct * f;  // nothing reaches the state before a document start
                     }
                 }
             }
@@ -231,6 +259,8 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
                 if (j1 > j0)
                     gemm_b_plain<false>(int(B), int(j1 - j0), int(D4), p.dG + at * D4, int(D4), p.Rt + h * D4 * D + j0,
                                         int(D), dh_rec + h * B * D + j0, int(D), false);
+                for (int64_t b = 0; b < B; ++b)
+                    if (p.restarts(b, t)) std::fill(dh_rec + (h * B + b) * D + j0, dh_rec + (h * B + b) * D + j1, 0.0f);
             }
             // No barrier here: the next token writes dG_{t-1}, and each thread reads only its own dh_rec units.
         }
@@ -242,32 +272,32 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
 }  // namespace
 
 extern "C" void xlstm_zoo_lstm_forward_f32(const float* W, const float* R, const float* c0, const float* h0, float* G,
-                                          float* C, float* Hs, int64_t steps, int64_t heads, int64_t batch,
-                                          int64_t dim, int64_t threads) {
-    const Problem<float> p{W, R, c0, h0, G, C, Hs, steps, heads, batch, dim};
+                                          float* C, float* Hs, const uint8_t* starts, int64_t steps, int64_t heads,
+                                          int64_t batch, int64_t dim, int64_t threads) {
+    const Problem<float> p{W, R, c0, h0, G, C, Hs, starts, steps, heads, batch, dim};
     if (dim >= kUnitBlock) forward_batched(p, threads);
     else run(p, forward_rows<float>, threads);  // heads narrower than a vector: the row loop is faster
 }
 
 extern "C" void xlstm_zoo_lstm_backward_f32(const float* G, const float* Rt, const float* C, const float* dH,
                                            const float* dcT, const float* dhT, float* dG, float* dc0, float* dh0,
-                                           int64_t steps, int64_t heads, int64_t batch, int64_t dim,
-                                           int64_t threads) {
-    const Gradients<float> p{G, Rt, C, dH, dcT, dhT, dG, dc0, dh0, steps, heads, batch, dim};
+                                           const uint8_t* starts, int64_t steps, int64_t heads, int64_t batch,
+                                           int64_t dim, int64_t threads) {
+    const Gradients<float> p{G, Rt, C, dH, dcT, dhT, dG, dc0, dh0, starts, steps, heads, batch, dim};
     if (dim >= kUnitBlock) backward_batched(p, threads);
     else run(p, backward_rows<float>, threads);
 }
 
 extern "C" void xlstm_zoo_lstm_forward_f64(const double* W, const double* R, const double* c0, const double* h0,
-                                          double* G, double* C, double* Hs, int64_t steps, int64_t heads,
-                                          int64_t batch, int64_t dim, int64_t threads) {
-    run(Problem<double>{W, R, c0, h0, G, C, Hs, steps, heads, batch, dim}, forward_rows<double>, threads);
+                                          double* G, double* C, double* Hs, const uint8_t* starts, int64_t steps,
+                                          int64_t heads, int64_t batch, int64_t dim, int64_t threads) {
+    run(Problem<double>{W, R, c0, h0, G, C, Hs, starts, steps, heads, batch, dim}, forward_rows<double>, threads);
 }
 
 extern "C" void xlstm_zoo_lstm_backward_f64(const double* G, const double* Rt, const double* C, const double* dH,
                                            const double* dcT, const double* dhT, double* dG, double* dc0,
-                                           double* dh0, int64_t steps, int64_t heads, int64_t batch, int64_t dim,
-                                           int64_t threads) {
-    run(Gradients<double>{G, Rt, C, dH, dcT, dhT, dG, dc0, dh0, steps, heads, batch, dim}, backward_rows<double>,
-        threads);
+                                           double* dh0, const uint8_t* starts, int64_t steps, int64_t heads,
+                                           int64_t batch, int64_t dim, int64_t threads) {
+    run(Gradients<double>{G, Rt, C, dH, dcT, dhT, dG, dc0, dh0, starts, steps, heads, batch, dim},
+        backward_rows<double>, threads);
 }

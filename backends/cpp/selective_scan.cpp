@@ -14,6 +14,9 @@
 // ([B, chunks, E, N], 1/chunk of what keeping every state would take), and the backward recomputes each
 // chunk's states (and decays) from there into a per-thread buffer before running the chunk in reverse.
 //
+// Document boundaries: starts [B, T] (bytes, null: none) is 1 where a document starts; there a_t = 0, so the
+// state carried in is dropped (forward) and nothing flows back past t (backward, through the same a_t).
+//
 // Work units are (sequence, group of kGroup channels). Sums over channels (dB, dC) are kept per group and
 // sums over sequences (dA) per sequence, then added in a fixed order: the same bits on any thread count.
 
@@ -31,6 +34,7 @@ constexpr int64_t kMinUpdatesForThreads = int64_t(1) << 18;
 
 struct Scan {
     const float *u, *dt, *A, *B, *C, *h0;
+    const uint8_t* starts;
     int64_t batch, T, E, N, chunk;
 
     int64_t chunks() const { return (T + chunk - 1) / chunk; }
@@ -71,6 +75,7 @@ template <bool keep_decays>
 inline void step(const Scan& p, const Block& k, int64_t t, const float* __restrict At, const float* h,
                  float* h_next, float* __restrict a, float* __restrict y) {
     const int64_t row = k.b * p.T + t;
+    const float kept = (p.starts && p.starts[row]) ? 0.0f : 1.0f;  // a document starts at t: a_t = 0
     float d[kLanes], x[kLanes], acc[kLanes] = {};
     load_lanes(p.dt + row * p.E, k, d);
     load_lanes(p.u + row * p.E, k, x);
@@ -82,7 +87,7 @@ inline void step(const Scan& p, const Block& k, int64_t t, const float* __restri
         const float* __restrict rate = At + n * kLanes;
         XLSTM_ZOO_SIMD
         for (int64_t j = 0; j < kLanes; ++j) {
-            const float decay = vexp(d[j] * rate[j]);
+            const float decay = kept * vexp(d[j] * rate[j]);
             const float next = decay * hn[j] + d[j] * x[j] * bn;
             out[j] = next;
             acc[j] += cn * next;
@@ -201,9 +206,10 @@ void over_units(const Scan& p, int64_t threads, const Body& body) {
 // every chunk.
 extern "C" void xlstm_zoo_selective_scan_forward_f32(const float* u, const float* dt, const float* A, const float* B,
                                                      const float* C, const float* h0, float* y, float* h_final,
-                                                     float* checkpoints, int64_t batch, int64_t T, int64_t E,
-                                                     int64_t N, int64_t chunk, int64_t threads) {
-    const Scan p{u, dt, A, B, C, h0, batch, T, E, N, chunk};
+                                                     float* checkpoints, const uint8_t* starts, int64_t batch,
+                                                     int64_t T, int64_t E, int64_t N, int64_t chunk,
+                                                     int64_t threads) {
+    const Scan p{u, dt, A, B, C, h0, starts, batch, T, E, N, chunk};
     over_units<ForwardBuffers>(p, threads, [&](ForwardBuffers& w, const Block& k, int64_t) {
         forward_block(p, k, y, h_final, checkpoints, w);
     });
@@ -215,9 +221,9 @@ extern "C" void xlstm_zoo_selective_scan_backward_f32(const float* u, const floa
                                                       const float* C, const float* checkpoints, const float* dy,
                                                       const float* dh_final, float* du, float* ddt, float* dA,
                                                       float* dB, float* dC, float* dh0, float* partials,
-                                                      int64_t batch, int64_t T, int64_t E, int64_t N, int64_t chunk,
-                                                      int64_t threads) {
-    const Scan p{u, dt, A, B, C, nullptr, batch, T, E, N, chunk};
+                                                      const uint8_t* starts, int64_t batch, int64_t T, int64_t E,
+                                                      int64_t N, int64_t chunk, int64_t threads) {
+    const Scan p{u, dt, A, B, C, nullptr, starts, batch, T, E, N, chunk};
     const int64_t G = p.groups(), slab = batch * T * N;
     float *dB_groups = partials, *dC_groups = partials + G * slab, *dA_rows = partials + 2 * G * slab;
     std::fill(partials, partials + 2 * G * slab, 0.0f);

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from xlstm_zoo.backends.cpp.build import c_entry, library, pointer
+from xlstm_zoo.backends.cpp.build import c_entry, library, pointer, starts_bytes
 from xlstm_zoo.backends.kernel import Kernel
 
 __all__ = ["CHUNK", "KERNELS", "selective_scan"]
@@ -22,27 +22,30 @@ CHUNK = 32
 GROUP = 64  # channels per work unit in the C++ (its kGroup): the backward's scratch holds a partial sum per group
 
 # The C entries this module calls (argument types; see build.c_entry).
-c_entry("selective_scan_forward_f32", "ptr*9 i64*6")
-c_entry("selective_scan_backward_f32", "ptr*15 i64*6")
+c_entry("selective_scan_forward_f32", "ptr*10 i64*6")
+c_entry("selective_scan_backward_f32", "ptr*16 i64*6")
 
 
-def _forward(u, dt, A, B, C, h0, keep: bool):
-    """``y [B, T, E]``, the final state ``[B, E, N]`` and (``keep``) the states at the chunk starts."""
+def _forward(u, dt, A, B, C, h0, keep: bool, starts):
+    """``y [B, T, E]``, the final state ``[B, E, N]`` and (``keep``) the states at the chunk starts; ``starts``: the
+    document starts as bytes (:func:`~xlstm_zoo.backends.cpp.build.starts_bytes`) or None."""
     batch, T, E = u.shape
     N = A.shape[1]
     y, h_final = u.new_empty(batch, T, E), h0.new_empty(batch, E, N)
     kept = u.new_empty(batch, -(-T // CHUNK), E, N) if keep else None
     library().xlstm_zoo_selective_scan_forward_f32(u.data_ptr(), dt.data_ptr(), A.data_ptr(), B.data_ptr(),
                                                    C.data_ptr(), h0.data_ptr(), y.data_ptr(), h_final.data_ptr(),
-                                                   pointer(kept), batch, T, E, N, CHUNK, torch.get_num_threads())
+                                                   pointer(kept), pointer(starts), batch, T, E, N, CHUNK,
+                                                   torch.get_num_threads())
     return y, h_final, kept
 
 
 class _SelectiveScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, u, dt, A, B, C, h0):
-        y, h_final, kept = _forward(u, dt, A, B, C, h0, keep=True)
+    def forward(ctx, u, dt, A, B, C, h0, starts):
+        y, h_final, kept = _forward(u, dt, A, B, C, h0, True, starts)
         ctx.save_for_backward(u, dt, A, B, C, kept)
+        ctx.starts = starts
         return y, h_final
 
     @staticmethod
@@ -60,22 +63,24 @@ class _SelectiveScan(torch.autograd.Function):
         library().xlstm_zoo_selective_scan_backward_f32(
             u.data_ptr(), dt.data_ptr(), A.data_ptr(), B.data_ptr(), C.data_ptr(), kept.data_ptr(), dy.data_ptr(),
             pointer(dh_final), du.data_ptr(), ddt.data_ptr(), dA.data_ptr(), dB.data_ptr(), dC.data_ptr(),
-            dh0.data_ptr(), partials.data_ptr(), batch, T, E, N, CHUNK, torch.get_num_threads())
-        return du, ddt, dA, dB, dC, dh0
+            dh0.data_ptr(), partials.data_ptr(), pointer(ctx.starts), batch, T, E, N, CHUNK, torch.get_num_threads())
+        return du, ddt, dA, dB, dC, dh0, None
 
 
-def selective_scan(u, dt, A, B, C, h0, form: str = "chunked", chunk_size: int | None = None):
+def selective_scan(u, dt, A, B, C, h0, form: str = "chunked", chunk_size: int | None = None, doc_starts=None):
     """``(y [B, T, E], h_T [B, E, N])`` for ``u, dt [B, T, E]``, ``A [E, N]``, ``B, C [B, T, N]``,
     ``h0 [B, E, N]``, float32 CPU tensors. Every form is this one exact pass (``form`` and ``chunk_size``
-    choose among the reference's forms)."""
+    choose among the reference's forms). ``doc_starts [B, T]``: the state is dropped where True."""
     u, dt, A, B, C, h0 = (t.contiguous() for t in (u, dt, A, B, C, h0))
+    starts = starts_bytes(doc_starts)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (u, dt, A, B, C, h0)):
-        return _SelectiveScan.apply(u, dt, A, B, C, h0)
-    return _forward(u, dt, A, B, C, h0, keep=False)[:2]
+        return _SelectiveScan.apply(u, dt, A, B, C, h0, starts)
+    return _forward(u, dt, A, B, C, h0, False, starts)[:2]
 
 
 KERNELS = tuple(
     Kernel("selective_scan", form, "cpp", selective_scan, devices=("cpu",), dtypes=(torch.float32,), opaque=True,
+           doc_starts=True,
            notes="the recurrence itself, one pass over time per (sequence, 16 channels), state in cache; backward "
                  f"recomputes states from every {CHUNK}th; serves both forms")
     for form in ("chunked", "sequential"))

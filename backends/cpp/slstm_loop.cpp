@@ -12,6 +12,8 @@
 //   c0 n0 m0 h0  [H, B, D]
 //   C, N   [T+1, ..., D] with `cn_step` elements between tokens (c and n may share one stacked buffer)
 //   M, Hs  [T+1, H, B, D]   index 0 receives the initial state
+//   starts [B, T] (bytes; null: none)  1 where a document starts: that token enters from the zero state
+//                            (c = n = h = 0, m = -inf); the stored states stay those after each token
 // Backward, in addition:
 //   Rt     [H, 4D, D]        R transposed, so dh_prev = dG R^T is an axpy that vectorises
 //   dH     [T, H, B, D]      gradient of every output h (null: zeros)
@@ -31,7 +33,10 @@ template <typename T>
 struct Problem {
     const T *W, *R, *c0, *n0, *m0, *h0;
     T *G, *C, *N, *M, *Hs;
+    const uint8_t* starts;
     int64_t steps, heads, batch, dim, cn_step;
+
+    bool restarts(int64_t row, int64_t t) const { return starts && starts[(row % batch) * steps + t]; }
 };
 
 // The gate schemes are template arguments, so each unit loop holds only the maths its scheme needs.
@@ -51,6 +56,10 @@ void forward_rows(const Problem<T>& p, int64_t row_begin, int64_t row_end) {
             p.M[row * D + j] = m[j]; p.Hs[row * D + j] = h[j];
         }
         for (int64_t t = 0; t < p.steps; ++t) {
+            if (p.restarts(row, t)) {
+                std::fill(c, c + D, T(0)); std::fill(n, n + D, T(0)); std::fill(h, h + D, T(0));
+                std::fill(m, m + D, -std::numeric_limits<T>::infinity());
+            }
             preactivations(g, p.W + (t * rows + row) * D4, h, R, D);
             std::copy(g, g + D4, p.G + (t * rows + row) * D4);
             XLSTM_ZOO_SIMD
@@ -77,7 +86,10 @@ template <typename T>
 struct Gradients {
     const T *G, *Rt, *C, *N, *M, *dH, *dcT, *dnT, *dmT, *dhT;
     T *dG, *dc0, *dn0, *dm0, *dh0;
+    const uint8_t* starts;
     int64_t steps, heads, batch, dim, cn_step;
+
+    bool restarts(int64_t row, int64_t t) const { return starts && starts[(row % batch) * steps + t]; }
 };
 
 // Backward through one row's whole sequence, last token first. Every pointwise factor is recomputed
@@ -89,6 +101,9 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
     std::vector<T> dc_buf(D), dn_buf(D), dm_buf(D), dh_buf(D), dg_buf(D4);
     T *__restrict dc = dc_buf.data(), *__restrict dn = dn_buf.data(), *__restrict dm = dm_buf.data(),
       *__restrict dh_rec = dh_buf.data(), *__restrict dg = dg_buf.data();
+    // The zero state, entering a token that starts a document: f' = 0 there, so no gradient goes further back
+    // through c, n and m; h's is cut below.
+    const std::vector<T> zeros(D, T(0)), empty_m(D, -std::numeric_limits<T>::infinity());
     for (int64_t row = row_begin; row < row_end; ++row) {
         const T* Rt = p.Rt + (row / p.batch) * D4 * D;
         load_row(dc, p.dcT, row, D); load_row(dn, p.dnT, row, D);
@@ -98,10 +113,14 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
                 const T* dh_out = p.dH + (t * rows + row) * D;
                 for (int64_t j = 0; j < D; ++j) dh_rec[j] += dh_out[j];  // dh of this token's h, all paths
             }
+            const bool restart = p.restarts(row, t);
             const T *__restrict g = p.G + (t * rows + row) * D4;
-            const T *__restrict c = p.C + (t + 1) * p.cn_step + row * D, *__restrict c_prev = c - p.cn_step;
-            const T *__restrict n = p.N + (t + 1) * p.cn_step + row * D, *__restrict n_prev = n - p.cn_step;
-            const T *__restrict m = p.M + ((t + 1) * rows + row) * D, *__restrict m_prev = m - rows * D;
+            const T *__restrict c = p.C + (t + 1) * p.cn_step + row * D;
+            const T *__restrict n = p.N + (t + 1) * p.cn_step + row * D;
+            const T *__restrict m = p.M + ((t + 1) * rows + row) * D;
+            const T *__restrict c_prev = restart ? zeros.data() : c - p.cn_step;
+            const T *__restrict n_prev = restart ? zeros.data() : n - p.cn_step;
+            const T *__restrict m_prev = restart ? empty_m.data() : m - rows * D;
             XLSTM_ZOO_SIMD
             for (int64_t j = 0; j < D; ++j) {
                 const T gi = g[j], gf = g[D + j];
@@ -123,7 +142,8 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
                 dc[j] = dct * f_s; dn[j] = dnt * f_s; dm[j] = da;
             }
             std::copy(dg, dg + D4, p.dG + (t * rows + row) * D4);
-            recurrent_input_grad(dh_rec, dg, Rt, D);
+            if (restart) std::fill(dh_rec, dh_rec + D, T(0));
+            else recurrent_input_grad(dh_rec, dg, Rt, D);
         }
         std::copy(dc, dc + D, p.dc0 + row * D); std::copy(dn, dn + D, p.dn0 + row * D);
         std::copy(dm, dm + D, p.dm0 + row * D); std::copy(dh_rec, dh_rec + D, p.dh0 + row * D);
@@ -146,19 +166,20 @@ auto for_gates(bool input_exp, bool forget_exp) -> void (*)(const P&, int64_t, i
 
 #define XLSTM_ZOO_SLSTM_FORWARD(NAME, T)                                                                  \
     extern "C" void NAME(const T* W, const T* R, const T* c0, const T* n0, const T* m0, const T* h0, T* G, \
-                         T* C, T* N, T* M, T* Hs, int64_t steps, int64_t heads, int64_t batch, int64_t dim,  \
-                         int64_t cn_step, int input_exp, int forget_exp, int64_t threads) {               \
-        run(Problem<T>{W, R, c0, n0, m0, h0, G, C, N, M, Hs, steps, heads, batch, dim, cn_step},            \
+                         T* C, T* N, T* M, T* Hs, const uint8_t* starts, int64_t steps, int64_t heads,      \
+                         int64_t batch, int64_t dim, int64_t cn_step, int input_exp, int forget_exp,         \
+                         int64_t threads) {                                                                 \
+        run(Problem<T>{W, R, c0, n0, m0, h0, G, C, N, M, Hs, starts, steps, heads, batch, dim, cn_step},    \
             for_gates<Problem<T>, Forward, T>(input_exp != 0, forget_exp != 0), threads);                  \
     }
 
 #define XLSTM_ZOO_SLSTM_BACKWARD(NAME, T)                                                                   \
     extern "C" void NAME(const T* G, const T* Rt, const T* C, const T* N, const T* M, const T* dH,          \
                          const T* dcT, const T* dnT, const T* dmT, const T* dhT, T* dG, T* dc0, T* dn0,      \
-                         T* dm0, T* dh0, int64_t steps, int64_t heads, int64_t batch, int64_t dim,           \
-                         int64_t cn_step, int input_exp, int forget_exp, int64_t threads) {               \
-        run(Gradients<T>{G, Rt, C, N, M, dH, dcT, dnT, dmT, dhT, dG, dc0, dn0, dm0, dh0, steps, heads,      \
-                         batch, dim, cn_step},                                                              \
+                         T* dm0, T* dh0, const uint8_t* starts, int64_t steps, int64_t heads, int64_t batch, \
+                         int64_t dim, int64_t cn_step, int input_exp, int forget_exp, int64_t threads) {     \
+        run(Gradients<T>{G, Rt, C, N, M, dH, dcT, dnT, dmT, dhT, dG, dc0, dn0, dm0, dh0, starts, steps,     \
+                         heads, batch, dim, cn_step},                                                       \
             for_gates<Gradients<T>, Backward, T>(input_exp != 0, forget_exp != 0), threads);              \
     }
 

@@ -17,7 +17,9 @@ KERNEL_DTYPES = GPU_DTYPES
 # head_dim is an optional hint from the caller; without it, wider heads still run (on the fused loop, inside the op).
 KERNELS = (
     Kernel("slstm", "sequence", "cuda", slstm_sequence, devices=("cuda",), dtypes=KERNEL_DTYPES,
-           limits=(Limit("head_dim", low=1, high=MAX_HEAD_DIM),), notes="JIT-compiled; fused backward"),
+           limits=(Limit("head_dim", low=1, high=MAX_HEAD_DIM),),
+           notes="JIT-compiled; fused backward; no document boundaries (not checkable without a GPU): packed calls "
+                 "go to the Triton kernel"),
 )
 
 

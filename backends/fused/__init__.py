@@ -14,9 +14,10 @@ from xlstm_zoo.backends.fused.slstm import slstm_sequence
 from xlstm_zoo.backends.kernel import FLOAT_DTYPES, Kernel, declare_backend
 
 KERNELS = (
-    Kernel("slstm", "sequence", "fused", slstm_sequence, dtypes=FLOAT_DTYPES,
+    Kernel("slstm", "sequence", "fused", slstm_sequence, dtypes=FLOAT_DTYPES, doc_starts=True,
            notes="hand-written backward; halves compute in float32"),
-    Kernel("lstm", "sequence", "fused", lstm_sequence, dtypes=FLOAT_DTYPES, notes="hand-written backward"),
+    Kernel("lstm", "sequence", "fused", lstm_sequence, dtypes=FLOAT_DTYPES, doc_starts=True,
+           notes="hand-written backward"),
 )
 
 

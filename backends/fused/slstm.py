@@ -11,10 +11,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from xlstm_zoo.backends.fused.time_major import (compute_dtype, from_time_major, head_dim,
-                                                 recurrent_weight_grad, state_in, state_out, to_time_major)
+from xlstm_zoo.backends.fused.time_major import (compute_dtype, entering, from_time_major, head_dim,
+                                                 recurrent_weight_grad, state_in, state_out, time_major_starts,
+                                                 to_time_major)
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.states import SLSTMState
+from xlstm_zoo.packed import rows_starting
 
 __all__ = ["slstm_sequence", "slstm_backward", "forward_loop", "run_sequence"]
 
@@ -34,25 +36,28 @@ def _log_gate(pre: torch.Tensor, exponential: bool):
 
 class _SLSTMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool, loop, backward_loop):
-        G, CNs, Ms, Hs = loop(to_time_major(wx, wx.dtype), R, c0, n0, m0, h0, input_exp, forget_exp)
+    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool, loop, backward_loop, doc_starts):
+        G, CNs, Ms, Hs = loop(to_time_major(wx, wx.dtype), R, c0, n0, m0, h0, input_exp, forget_exp,
+                              doc_starts=doc_starts)
         Cs, Ns = CNs.unbind(1)
         # The pre-activations are kept (as big as W x, which is then freed): the backward needs no matmul for them.
         ctx.save_for_backward(G, R, Cs, Ns, Ms, Hs)
-        ctx.gate_exp, ctx.backward_loop = (input_exp, forget_exp), backward_loop
+        ctx.gate_exp, ctx.backward_loop, ctx.doc_starts = (input_exp, forget_exp), backward_loop, doc_starts
         T = G.shape[0]
         h = from_time_major(Hs[1:]).contiguous()
         return h, state_out(Cs[T]), state_out(Ns[T]), state_out(Ms[T]), state_out(Hs[T])
 
     @staticmethod
     def backward(ctx, dh_all, dc_T, dn_T, dm_T, dh_T):
-        return (*ctx.backward_loop(*ctx.saved_tensors, *ctx.gate_exp, dh_all, dc_T, dn_T, dm_T, dh_T),
-                None, None, None, None)
+        return (*ctx.backward_loop(*ctx.saved_tensors, *ctx.gate_exp, dh_all, dc_T, dn_T, dm_T, dh_T,
+                                   doc_starts=ctx.doc_starts),
+                None, None, None, None, None)
 
 
-def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
+def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool, *, doc_starts=None):
     """The recurrence, time-major: pre-activations ``G [T,H,B,4*Dh]``, ``c`` and ``n`` stacked as
-    ``CNs [T+1,2,H,B,Dh]``, ``Ms`` and ``Hs [T+1,H,B,Dh]`` (index 0: the initial state).
+    ``CNs [T+1,2,H,B,Dh]``, ``Ms`` and ``Hs [T+1,H,B,Dh]`` (index 0: the initial state; each index the state
+    after a token, also where the next token starts a document and enters from the zero state instead).
 
     Python dispatch costs more than the arithmetic at these sizes, so the loop is laid out to issue
     few ops per token (13): every per-token view is made once before the loop; ``log i`` and
@@ -74,30 +79,38 @@ def forward_loop(W, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool):
     gi_t, gf_t, gz_t, go_t = (x.unbind(0) for x in G.split(Dh, dim=-1))
     c_t, n_t = CNs[:, 0].unbind(0), CNs[:, 1].unbind(0)
     z = z_one[0]
+    restarts = rows_starting(doc_starts, W.device)
     for t in range(T):
-        torch.baddbmm(w_t[t], h_t[t], R, out=g_t[t])
+        h_prev, cn_prev, m_prev = h_t[t], cn_t[t], m_t[t]
+        if t in restarts:  # these rows enter t from the zero state
+            rows = restarts[t][:, None]
+            h_prev, cn_prev = torch.where(rows, 0.0, h_prev), torch.where(rows, 0.0, cn_prev)
+            m_prev = torch.where(rows, float("-inf"), m_prev)
+        torch.baddbmm(w_t[t], h_prev, R, out=g_t[t])
         log_i_buf.copy_(gi_t[t] if input_exp else _logsigmoid(gi_t[t]))
-        torch.add(gf_t[t] if forget_exp else _logsigmoid(gf_t[t]), m_t[t], out=log_f_buf)
+        torch.add(gf_t[t] if forget_exp else _logsigmoid(gf_t[t]), m_prev, out=log_f_buf)
         m = torch.maximum(log_i_buf, log_f_buf, out=m_t[t + 1])
         gates.sub_(m).exp_()
         torch.tanh(gz_t[t], out=z)
-        torch.addcmul(f_s * cn_t[t], i_s, z_one, out=cn_t[t + 1])
+        torch.addcmul(f_s * cn_prev, i_s, z_one, out=cn_t[t + 1])
         torch.div(c_t[t + 1], n_t[t + 1], out=h_t[t + 1]).mul_(torch.sigmoid(go_t[t]))
     return G, CNs, Ms, Hs
 
 
-def slstm_backward(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_all, dc_T, dn_T, dm_T, dh_T):
+def slstm_backward(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_all, dc_T, dn_T, dm_T, dh_T, *,
+                   doc_starts=None):
     """Gradients ``(dwx, dR, dc0, dn0, dm0, dh0)`` from the forward's gate pre-activations ``G``
     (``W x + b + R h_prev``, time-major ``[T,H,B,4*Dh]``) and the states before and after every token
     (``[T+1,H,B,Dh]``). Public so another forward (the CUDA kernel) can reuse this backward, with
-    ``G`` from :func:`preactivations`; ``None`` gradients are zeros."""
+    ``G`` from :func:`preactivations`; ``None`` gradients are zeros. ``doc_starts [B, T]``: the forward's."""
     T, H, B, four_dh = G.shape
     Dh = four_dh // 4
+    starts, restarts = time_major_starts(doc_starts, G.device), rows_starting(doc_starts, G.device)
     # Every pointwise factor, for all tokens at once (no recurrence in these).
     gi, gf, gz, go = G.split(Dh, dim=-1)
     log_i, dlog_i = _log_gate(gi, input_exp)
     log_f, dlog_f = _log_gate(gf, forget_exp)
-    a = log_f + Ms[:-1]
+    a = log_f + entering(Ms, starts, float("-inf"))   # -inf where a document starts: f' = 0, no gradient back
     m = Ms[1:]
     f_s, i_s = torch.exp(a - m), torch.exp(log_i - m)
     z, o = torch.tanh(gz), torch.sigmoid(go)
@@ -109,7 +122,7 @@ def slstm_backward(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_a
     dc_to_gz = i_s * (1 - z * z)                     # dc -> d(z pre-activation)
     to_a = torch.where(a > log_i, 1.0, torch.where(a == log_i, 0.5, 0.0)).to(a.dtype)
     to_i = 1 - to_a
-    c_prev, n_prev = Cs[:-1], Ns[:-1]
+    c_prev, n_prev = entering(Cs, starts), entering(Ns, starts)
 
     dH = to_time_major(dh_all, G.dtype) if dh_all is not None else torch.zeros(T, H, B, Dh, dtype=G.dtype, device=G.device)
     zeros = torch.zeros(H, B, Dh, dtype=G.dtype, device=G.device)
@@ -139,18 +152,21 @@ def slstm_backward(G, R, Cs, Ns, Ms, Hs, input_exp: bool, forget_exp: bool, dh_a
         torch.mul(dh, to_go, out=dgo_t[t])
         dc, dn, dm = dct * f_s_, dnt * f_s_, da
         dh_rec = torch.bmm(dg_t[t], Rt)
-    dR = recurrent_weight_grad(Hs[:-1], dG)
+        if t in restarts:  # nothing reaches the state before a document start
+            dh_rec = torch.where(restarts[t][:, None], 0.0, dh_rec)
+    dR = recurrent_weight_grad(entering(Hs, starts), dG)
     return (from_time_major(dG), dR, state_out(dc), state_out(dn), state_out(dm), state_out(dh_rec))
 
 
 def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = None, *,
-                   gates: GateSchemes) -> tuple[torch.Tensor, SLSTMState]:
-    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
-    return run_sequence(wx, R, state, gates=gates, loop=forward_loop)
+                   gates: GateSchemes, doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, SLSTMState]:
+    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state; the zero state
+    again where ``doc_starts [B, T]`` is True."""
+    return run_sequence(wx, R, state, gates=gates, loop=forward_loop, doc_starts=doc_starts)
 
 
 def run_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None, *, gates: GateSchemes,
-                 loop, backward_loop=slstm_backward) -> tuple[torch.Tensor, SLSTMState]:
+                 loop, backward_loop=slstm_backward, doc_starts=None) -> tuple[torch.Tensor, SLSTMState]:
     """:func:`slstm_sequence` with another forward ``loop`` (same contract as :func:`forward_loop`)
     and backward (same contract as :func:`slstm_backward`), e.g. the compiled C++ ones."""
     dh, dtype = head_dim(wx, R, "sLSTM"), compute_dtype(wx)
@@ -162,5 +178,5 @@ def run_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None, *,
         return wx.new_empty(B, H, 0, dh), SLSTMState(c0, n0, m0, h0)
     h, c, n, m, h_last = _SLSTMFunction.apply(wx.to(dtype), R.to(dtype), c0, n0, m0, h0,
                                               gates.input == "exponential", gates.forget == "exponential", loop,
-                                              backward_loop)
+                                              backward_loop, doc_starts)
     return h.to(wx.dtype), SLSTMState(c, n, m, h_last)

@@ -31,6 +31,18 @@ def state_out(s: torch.Tensor) -> torch.Tensor:
     return s.transpose(0, 1).contiguous()
 
 
+def time_major_starts(doc_starts: torch.Tensor | None, device) -> torch.Tensor | None:
+    """``doc_starts [B, T]`` as ``[T, 1, B, 1]`` on ``device``: it broadcasts over heads and units."""
+    return None if doc_starts is None else doc_starts.to(device).t()[:, None, :, None]
+
+
+def entering(states: torch.Tensor, starts: torch.Tensor | None, fill: float = 0.0) -> torch.Tensor:
+    """The state entering each token, ``states[:-1]`` of ``[T+1, H, B, D]``, with the zero state's value ``fill``
+    where a document starts (``starts`` from :func:`time_major_starts`; None: no boundaries)."""
+    previous = states[:-1]
+    return previous if starts is None else previous.masked_fill(starts, fill)
+
+
 def preactivations(w: torch.Tensor, h_prev: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
     """All tokens' gate pre-activations ``W x + R h_prev`` at once, ``[T, H, B, 4*Dh]``: for a backward
     whose forward did not keep them."""
@@ -47,4 +59,4 @@ def recurrent_weight_grad(h_prev: torch.Tensor, dg: torch.Tensor) -> torch.Tenso
 
 
 __all__ = ["compute_dtype", "head_dim", "to_time_major", "from_time_major", "state_in", "state_out",
-           "preactivations", "recurrent_weight_grad"]
+           "time_major_starts", "entering", "preactivations", "recurrent_weight_grad"]

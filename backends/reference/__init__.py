@@ -16,13 +16,15 @@ KERNELS = (
     Kernel("mlstm", "parallel", "reference", mlstm_sequence, notes="T x T decay matrix"),
     Kernel("mlstm", "recurrent", "reference", mlstm_sequence, notes="a loop of the step"),
     Kernel("mlstm", "step", "reference", mlstm_step),
-    Kernel("slstm", "sequence", "reference", slstm_sequence),
+    Kernel("slstm", "sequence", "reference", slstm_sequence, doc_starts=True),
     Kernel("slstm", "step", "reference", slstm_step),
-    Kernel("lstm", "sequence", "reference", lstm_sequence),
+    Kernel("lstm", "sequence", "reference", lstm_sequence, doc_starts=True),
     Kernel("lstm", "step", "reference", lstm_step),
-    Kernel("lstm", "time_major", "reference", lstm_time_major, notes="the sequence form through two layout copies"),
-    Kernel("rwkv_wkv", "chunkwise", "reference", rwkv_wkv_sequence, notes="all pairs within a chunk; any chunk size"),
-    Kernel("rwkv_wkv", "recurrent", "reference", rwkv_wkv_sequence, notes="a loop of the step"),
+    Kernel("lstm", "time_major", "reference", lstm_time_major, doc_starts=True,
+           notes="the sequence form through two layout copies"),
+    Kernel("rwkv_wkv", "chunkwise", "reference", rwkv_wkv_sequence, doc_starts=True,
+           notes="all pairs within a chunk; any chunk size"),
+    Kernel("rwkv_wkv", "recurrent", "reference", rwkv_wkv_sequence, doc_starts=True, notes="a loop of the step"),
     Kernel("rwkv_wkv", "step", "reference", rwkv_wkv_step),
     Kernel("linear", "step", "reference", F.linear, notes="torch.nn.functional.linear"),
     Kernel("mlstm7b_block", "step", "reference", mlstm7b_block_step,
@@ -30,9 +32,10 @@ KERNELS = (
     *(Kernel(op, "layer", "reference", getattr(layers, op)) for op in (
         "rms_norm", "head_norm", "head_norm_gate", "soft_cap", "silu_gate", "gelu_gate", "causal_conv_silu",
         "block_diagonal")),
-    Kernel("selective_scan", "chunked", "reference", selective_scan,
+    Kernel("selective_scan", "chunked", "reference", selective_scan, doc_starts=True,
            notes="chunks of about sqrt(T) tokens: about 2 sqrt(T) steps over [B, T/L, E, N] tensors"),
-    Kernel("selective_scan", "sequential", "reference", selective_scan, notes="the recurrence token by token"),
+    Kernel("selective_scan", "sequential", "reference", selective_scan, doc_starts=True,
+           notes="the recurrence token by token"),
 )
 
 

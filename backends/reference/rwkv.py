@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from xlstm_zoo.backends.states import WKV_EMPTY_EXPONENT as EMPTY
 from xlstm_zoo.backends.states import WKVState
+from xlstm_zoo.packed import rows_starting
 
 __all__ = ["WKV_FORMS", "rwkv_wkv_sequence", "rwkv_wkv_step", "wkv_chunkwise", "wkv_recurrent"]
 
@@ -31,9 +33,9 @@ def _prepared(k, v, w, u, state: WKVState | None):
 
 
 def rwkv_wkv_sequence(k, v, w, u, state: WKVState | None = None, *, form: str = "chunkwise",
-                      chunk_size: int = 16) -> tuple[torch.Tensor, WKVState]:
+                      chunk_size: int = 16, doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, WKVState]:
     """``k, v [B, T, C]``, ``w, u [C]``, ``state`` a :class:`WKVState` of ``[B, C]`` tensors or None (the zero
-    state) -> ``(wkv [B, T, C], final state)``."""
+    state) -> ``(wkv [B, T, C], final state)``. ``doc_starts [B, T]`` (bool): the zero state again where True."""
     if form not in WKV_FORMS:
         raise ValueError(f"unknown WKV form {form!r}; allowed: {', '.join(WKV_FORMS)}")
     if form == "chunkwise" and (not isinstance(chunk_size, int) or chunk_size < 1):
@@ -42,9 +44,9 @@ def rwkv_wkv_sequence(k, v, w, u, state: WKVState | None = None, *, form: str = 
     if k.shape[1] == 0:  # nothing to read out; the state passes through (as new tensors, not the caller's)
         return v.new_empty(v.shape), WKVState(num.clone(), den.clone(), m.clone())
     if form == "recurrent":
-        y, num, den, m = wkv_recurrent(k, v_c, w, u, num, den, m)
+        y, num, den, m = wkv_recurrent(k, v_c, w, u, num, den, m, doc_starts)
     else:
-        y, num, den, m = wkv_chunkwise(k, v_c, w, u, num, den, m, chunk_size)
+        y, num, den, m = wkv_chunkwise(k, v_c, w, u, num, den, m, chunk_size, doc_starts)
     return y.to(v.dtype), WKVState(num, den, m)
 
 
@@ -55,10 +57,13 @@ def rwkv_wkv_step(k, v, w, u, state: WKVState | None) -> tuple[torch.Tensor, WKV
     return y.to(v.dtype), WKVState(num, den, m)
 
 
-def wkv_recurrent(k, v, w, u, num, den, m):
+def wkv_recurrent(k, v, w, u, num, den, m, doc_starts=None):
     """``k, v [B, T, C]``, state ``[B, C]`` -> ``(wkv [B, T, C], num, den, m)``, token by token."""
-    out = []
+    out, restarts = [], rows_starting(doc_starts, k.device)
     for t in range(k.shape[1]):
+        if t in restarts:
+            rows = restarts[t][:, None]
+            num, den, m = torch.where(rows, 0.0, num), torch.where(rows, 0.0, den), torch.where(rows, EMPTY, m)
         y, num, den, m = _step(k[:, t], v[:, t], w, u, num, den, m)
         out.append(y)
     return torch.stack(out, 1), num, den, m
@@ -74,29 +79,34 @@ def _step(k, v, w, u, num, den, m):
     return y, a * num + b * v, a * den + b, m_next
 
 
-def wkv_chunkwise(k, v, w, u, num, den, m, chunk: int):
+def wkv_chunkwise(k, v, w, u, num, den, m, chunk: int, doc_starts=None):
     """As :func:`wkv_recurrent`, whole chunks at once: the full chunks in one pass, a shorter rest after."""
-    T = k.shape[1]
+    B, T, C = k.shape
     full = T - T % chunk
+    starts = None if doc_starts is None else doc_starts.to(k.device)
     outs = []
     if full:
-        B, C = k.shape[0], k.shape[2]
         y, num, den, m = _chunks(k[:, :full].reshape(B, -1, chunk, C), v[:, :full].reshape(B, -1, chunk, C),
-                                 w, u, num, den, m)
+                                 w, u, num, den, m, None if starts is None else starts[:, :full].reshape(B, -1, chunk))
         outs.append(y.flatten(1, 2))
     if full < T:
         y, num, den, m = _chunks(k[:, full:, None].transpose(1, 2), v[:, full:, None].transpose(1, 2), w, u,
-                                 num, den, m)
+                                 num, den, m, None if starts is None else starts[:, None, full:])
         outs.append(y[:, 0])
     return torch.cat(outs, 1), num, den, m
 
 
-def _chunks(k, v, w, u, num, den, m):
-    """``k, v [B, N, L, C]`` (N chunks of L tokens), state at the first chunk's start ``[B, C]``."""
+def _chunks(k, v, w, u, num, den, m, starts=None):
+    """``k, v [B, N, L, C]`` (N chunks of L tokens), state at the first chunk's start ``[B, C]``; ``starts
+    [B, N, L]`` (bool) where documents start: a token reaches only outputs of its own document."""
     L = k.shape[2]
     pos = torch.arange(L, device=k.device, dtype=k.dtype)
     # within a chunk: token i reaches output t > i decayed (t-1-i) times, and token t itself with the bonus
     before = pos[None, :] < pos[:, None]                                                     # [t, i]: i < t
+    # doc: each token's document counted from the chunk's start (0: the one the carried state belongs to)
+    doc = None if starts is None else starts.cumsum(2)                                       # [B, N, L]
+    if doc is not None:
+        before = before & (doc[..., :, None] == doc[..., None, :])                            # [B, N, t, i]
     lag = (pos[:, None] - pos[None, :] - 1).clamp(min=0)
     pairs = torch.where(before[..., None], k[:, :, None] + lag[..., None] * w, float("-inf"))  # [B, N, t, i, C]
     own = u + k
@@ -106,19 +116,25 @@ def _chunks(k, v, w, u, num, den, m):
     den_in = e.sum(3) + e_own
     # each chunk's contribution to the state at its end: token i decayed (L-1-i) times
     to_end = k + (L - 1 - pos)[:, None] * w
+    if doc is not None:  # only the chunk's last document reaches its end
+        to_end = torch.where((doc == doc[..., -1:])[..., None], to_end, float("-inf"))
     m_end = to_end.amax(2)
     e_end = torch.exp(to_end - m_end[:, :, None])
     num_end, den_end = (e_end * v).sum(2), e_end.sum(2)
     # the state at each chunk's start: a loop over chunks
-    starts = []
+    chunk_starts, decayed = [], L * w
+    if doc is not None:  # a document starting within a chunk: the state carried in ends there (e^-inf = 0)
+        decayed = torch.where(doc[..., -1:] > 0, float("-inf"), decayed)                    # [B, N, C]
     for n in range(k.shape[1]):
-        starts.append((num, den, m))
-        m_old = m + L * w
+        chunk_starts.append((num, den, m))
+        m_old = m + (decayed if doc is None else decayed[:, n])
         m = torch.maximum(m_old, m_end[:, n])
         a, b = torch.exp(m_old - m), torch.exp(m_end[:, n] - m)
         num, den = a * num + b * num_end[:, n], a * den + b * den_end[:, n]
-    num0, den0, m0 = (torch.stack(s, 1)[:, :, None] for s in zip(*starts))                  # [B, N, 1, C]
+    num0, den0, m0 = (torch.stack(s, 1)[:, :, None] for s in zip(*chunk_starts))            # [B, N, 1, C]
     m_state = m0 + pos[:, None] * w                                                          # the start state at t
+    if doc is not None:  # it reaches the outputs before the chunk's first document start only
+        m_state = torch.where((doc == 0)[..., None], m_state, float("-inf"))
     top = torch.maximum(m_in, m_state)
     a, b = torch.exp(m_in - top), torch.exp(m_state - top)
     return (a * num_in + b * num0) / (a * den_in + b * den0), num, den, m

@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from xlstm_zoo.packed import reset_rows, rows_starting
+
 
 def compute_dtype(wx: torch.Tensor) -> torch.dtype:
     return torch.promote_types(wx.dtype, torch.float32)
@@ -47,14 +49,19 @@ def run_step(cell: Callable, wx_t, R, state, zeros: Callable, op: str, **kwargs)
     return s.h.to(wx_t.dtype), s
 
 
-def run_sequence(cell: Callable, wx, R, state, zeros: Callable, op: str, **kwargs):
-    """All tokens: a loop of ``cell`` over the time axis of ``wx [B,H,T,4*Dh]``."""
+def run_sequence(cell: Callable, wx, R, state, zeros: Callable, op: str, doc_starts=None, **kwargs):
+    """All tokens: a loop of ``cell`` over the time axis of ``wx [B,H,T,4*Dh]``. ``doc_starts [B, T]`` (bool):
+    a row's state is the zero state again where its document starts."""
     dh, dtype = head_dim(wx, R, op), compute_dtype(wx)
     s = initial_state(state, zeros, wx, dh, dtype)
     if wx.shape[2] == 0:
         return wx.new_empty(*wx.shape[:3], dh), s
+    restarts = rows_starting(doc_starts, wx.device)
+    zero = initial_state(None, zeros, wx, dh, dtype) if restarts else None
     Rc, outs = R.to(dtype), []
-    for wx_t in wx.to(dtype).unbind(2):
+    for t, wx_t in enumerate(wx.to(dtype).unbind(2)):
+        if t in restarts:
+            s = reset_rows(s, zero, restarts[t])
         s = cell(wx_t, Rc, s, **kwargs)
         outs.append(s.h)
     return torch.stack(outs, dim=2).to(wx.dtype), s

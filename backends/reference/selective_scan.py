@@ -22,23 +22,28 @@ import math
 import torch
 import torch.nn.functional as F
 
+from xlstm_zoo.packed import rows_starting
+
 __all__ = ["SCAN_FORMS", "chunked_scan", "selective_scan", "sequential_scan"]
 
 SCAN_FORMS = ("chunked", "sequential")
 
 
-def sequential_scan(u, dt, A, B, C, h):
+def sequential_scan(u, dt, A, B, C, h, doc_starts=None):
     """The recurrence token by token. ``u, dt [B, T, E]``, ``A [E, N]``, ``B, C [B, T, N]``,
-    ``h [B, E, N]`` -> ``y [B, T, E]``, final ``h``."""
-    ys = []
+    ``h [B, E, N]`` -> ``y [B, T, E]``, final ``h``. ``doc_starts [B, T]``: h is zero again where True."""
+    ys, restarts = [], rows_starting(doc_starts, u.device)
     for t in range(u.shape[1]):
+        if t in restarts:
+            h = torch.where(restarts[t][:, None, None], 0.0, h)
         h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * u[:, t])[..., None] * B[:, t, None, :]
         ys.append((h @ C[:, t, :, None].to(h.dtype))[..., 0])
     return torch.stack(ys, dim=1), h
 
 
-def chunked_scan(u, dt, A, B, C, h0, chunk_size=None):
-    """The same scan in chunks of ``chunk_size`` tokens (None: about ``sqrt(T)``); see the module docstring."""
+def chunked_scan(u, dt, A, B, C, h0, chunk_size=None, doc_starts=None):
+    """The same scan in chunks of ``chunk_size`` tokens (None: about ``sqrt(T)``); see the module docstring.
+    Where ``doc_starts`` is True the decay of the state carried in is 0: nothing before reaches past it."""
     batch, T, E = u.shape
     L = chunk_size or max(1, round(math.sqrt(T)))
     chunks = -(-T // L)
@@ -48,6 +53,8 @@ def chunked_scan(u, dt, A, B, C, h0, chunk_size=None):
         return F.pad(t, (0, 0, 0, pad)).unflatten(1, (chunks, L))
     dt_, u_, B_, C_ = blocks(dt), blocks(u), blocks(B), blocks(C)
     decay = torch.exp(dt_[..., None] * A)  # [B, c, L, E, N], in (0, 1]
+    if doc_starts is not None:  # (padded positions start nothing)
+        decay = decay * (1 - blocks(doc_starts.to(u.device, decay.dtype)[..., None]))[..., None]
     inputs = (dt_ * u_)[..., None] * B_[:, :, :, None, :]
     C_ = C_[..., None].to(decay.dtype)  # [B, c, L, N, 1]
     h, within, local_y, decays = torch.zeros_like(inputs[:, :, 0]), None, [], []
@@ -65,8 +72,8 @@ def chunked_scan(u, dt, A, B, C, h0, chunk_size=None):
     return y.flatten(1, 2)[:, :T], carry
 
 
-def selective_scan(u, dt, A, B, C, h0, form: str = "chunked", chunk_size: int | None = None):
+def selective_scan(u, dt, A, B, C, h0, form: str = "chunked", chunk_size: int | None = None, doc_starts=None):
     """The op's reference kernel: ``form`` picks the sequence form (``chunk_size`` is the chunked form's)."""
     if form == "sequential":
-        return sequential_scan(u, dt, A, B, C, h0)
-    return chunked_scan(u, dt, A, B, C, h0, chunk_size)
+        return sequential_scan(u, dt, A, B, C, h0, doc_starts)
+    return chunked_scan(u, dt, A, B, C, h0, chunk_size, doc_starts)

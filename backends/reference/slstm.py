@@ -39,6 +39,7 @@ def slstm_step(wx_t: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = N
 
 
 def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = None, *,
-                   gates: GateSchemes) -> tuple[torch.Tensor, SLSTMState]:
-    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state."""
-    return run_sequence(_cell, wx, R, state, SLSTMState.zeros, "sLSTM", gates=gates)
+                   gates: GateSchemes, doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, SLSTMState]:
+    """All tokens: ``wx [B,H,T,4*Dh]`` -> ``h [B,H,T,Dh]`` (dtype of ``wx``) and the final state; the zero state
+    again where ``doc_starts [B, T]`` is True."""
+    return run_sequence(_cell, wx, R, state, SLSTMState.zeros, "sLSTM", doc_starts, gates=gates)

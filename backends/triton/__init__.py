@@ -58,7 +58,7 @@ KERNELS = (
     Kernel("mlstm", "chunkwise", "triton", _mlstm_sequence, devices=("cuda",), dtypes=KERNEL_DTYPES,
            limits=(Limit("chunk_size", allowed=KERNEL_CHUNK_SIZES, default=64),), notes="forward and backward"),
     Kernel("mlstm", "step", "triton", _mlstm_step, devices=("cuda",), dtypes=KERNEL_DTYPES),
-    Kernel("slstm", "sequence", "triton", _slstm_sequence, devices=("cuda",), dtypes=KERNEL_DTYPES,
+    Kernel("slstm", "sequence", "triton", _slstm_sequence, devices=("cuda",), dtypes=KERNEL_DTYPES, doc_starts=True,
            notes="forward and backward"),
 )
 

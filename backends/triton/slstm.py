@@ -40,6 +40,10 @@ and ``h`` (true scale), the gradient through ``m`` cancels and the initial state
 ``dm0 = dc0 * c0 + dn0 * n0`` elementwise; from the zero state (``c0 = n0 = 0``, ``m0 = -inf``)
 the kernel gives ``dc0 = dn0 = dm0 = 0`` exactly: ``f' = exp(-inf) = 0`` multiplies every
 gradient reaching the initial ``c, n, m``, and no ``inf * 0`` is ever formed.
+
+Document boundaries (``doc_starts [B, T]``, read as bytes ``STARTS``; ``HAS_STARTS`` compiles them in): a row
+whose document starts at t enters t from the zero state, in both kernels, and nothing flows back past t
+(the state before t gets no gradient from t; ``dR`` takes the zero ``h`` as the one entering t).
 """
 
 from __future__ import annotations
@@ -188,9 +192,15 @@ def _rec_bwd_tile(DGP, R, hd, offs_b, mb, j, D, BB: tl.constexpr, BD: tl.constex
 # Forward
 
 @triton.jit
-def _fwd(WX, R, G, C, N, M, HS, B, T, D, s_wb, s_wh, s_wt,
+def _restarts(STARTS, offs_b, mb, t, T):
+    """``[BB, 1]`` (bool): the rows whose document starts at token ``t`` (``STARTS [B, T]``, bytes)."""
+    return (tl.load(STARTS + offs_b * T + t, mask=mb, other=0) != 0)[:, None]
+
+
+@triton.jit
+def _fwd(WX, R, G, C, N, M, HS, STARTS, B, T, D, s_wb, s_wh, s_wt,
          IEXP: tl.constexpr, FEXP: tl.constexpr, BB: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr,
-         ONCHIP: tl.constexpr, PREC: tl.constexpr):
+         ONCHIP: tl.constexpr, PREC: tl.constexpr, HAS_STARTS: tl.constexpr):
     hd = tl.program_id(0)
     H = tl.num_programs(0)
     offs_b = tl.program_id(1) * BB + tl.arange(0, BB)
@@ -217,6 +227,12 @@ def _fwd(WX, R, G, C, N, M, HS, B, T, D, s_wb, s_wh, s_wt,
         wp = wx_rows + offs_u[None, :]
         Gt, Ct, Nt, Mt, Ht = G, C, N, M, HS
         for t in range(T):
+            if HAS_STARTS:  # these rows enter t from the zero state
+                st = _restarts(STARTS, offs_b, mb, t, T)
+                c = tl.where(st, 0.0, c)
+                n = tl.where(st, 0.0, n)
+                m = tl.where(st, float("-inf"), m)
+                h = tl.where(st, 0.0, h)
             hq = h.to(dt)
             gi = tl.dot(hq, r_i, acc=tl.load(wp, mask=bu, other=0.0).to(tl.float32), input_precision=PREC)
             gf = tl.dot(hq, r_f, acc=tl.load(wp + D, mask=bu, other=0.0).to(tl.float32), input_precision=PREC)
@@ -243,11 +259,18 @@ def _fwd(WX, R, G, C, N, M, HS, B, T, D, s_wb, s_wh, s_wt,
         Gt, Ct, Nt, Mt, Ht = G, C, N, M, HS
         wt = wx_rows
         for t in range(T):
+            if HAS_STARTS:
+                st = _restarts(STARTS, offs_b, mb, t, T)
             for j in range(0, DP, BD):
                 offs_u = j + tl.arange(0, BD)
                 mu = offs_u < D
                 bu = mb[:, None] & mu[None, :]
                 gi, gf, gz, go = _rec_tile(Ht + hd * B * D, R, hd, offs_b, mb, j, D, BB, BD, DP, PREC)
+                if HAS_STARTS:  # h entering t is zero for these rows
+                    gi = tl.where(st, 0.0, gi)
+                    gf = tl.where(st, 0.0, gf)
+                    gz = tl.where(st, 0.0, gz)
+                    go = tl.where(st, 0.0, go)
                 wp = wt + offs_u[None, :]
                 gi += tl.load(wp, mask=bu, other=0.0).to(tl.float32)
                 gf += tl.load(wp + D, mask=bu, other=0.0).to(tl.float32)
@@ -262,6 +285,10 @@ def _fwd(WX, R, G, C, N, M, HS, B, T, D, s_wb, s_wh, s_wt,
                 c = tl.load(Ct + s_off, mask=bu, other=0.0)
                 n = tl.load(Nt + s_off, mask=bu, other=0.0)
                 m = tl.load(Mt + s_off, mask=bu, other=float("-inf"))
+                if HAS_STARTS:
+                    c = tl.where(st, 0.0, c)
+                    n = tl.where(st, 0.0, n)
+                    m = tl.where(st, float("-inf"), m)
                 c, n, m, h = _cell(gi, gf, gz, go, c, n, m, IEXP, FEXP)
                 tl.store(Ct + HB * D + s_off, c, mask=bu)
                 tl.store(Nt + HB * D + s_off, n, mask=bu)
@@ -281,9 +308,9 @@ def _fwd(WX, R, G, C, N, M, HS, B, T, D, s_wb, s_wh, s_wt,
 # Backward
 
 @triton.jit
-def _bwd(DH, R, G, C, N, M, DG, DC, DN, DM, DH0, B, T, D, s_db, s_dh, s_dt, g_last, s_last,
+def _bwd(DH, R, G, C, N, M, DG, DC, DN, DM, DH0, STARTS, B, T, D, s_db, s_dh, s_dt, g_last, s_last,
          IEXP: tl.constexpr, FEXP: tl.constexpr, BB: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr,
-         ONCHIP: tl.constexpr, PREC: tl.constexpr):
+         ONCHIP: tl.constexpr, PREC: tl.constexpr, HAS_STARTS: tl.constexpr):
     """``DC, DN, DM`` ([H, B, D]) hold the final state's gradients on entry and the initial state's
     on exit; ``DH0`` holds dh_T on entry and dh_0 on exit. ``DG [T+1, H, B, 4D]`` has ``DG[T] = 0``."""
     hd = tl.program_id(0)
@@ -325,6 +352,11 @@ def _bwd(DH, R, G, C, N, M, DG, DC, DN, DM, DH0, B, T, D, s_db, s_dh, s_dt, g_la
             c_p = tl.load(Ct + s_off, mask=bu, other=0.0)
             n_p = tl.load(Nt + s_off, mask=bu, other=0.0)
             m_p = tl.load(Mt + s_off, mask=bu, other=float("-inf"))
+            if HAS_STARTS:  # token T-1-tt entered from the zero state
+                st = _restarts(STARTS, offs_b, mb, T - 1 - tt, T)
+                c_p = tl.where(st, 0.0, c_p)
+                n_p = tl.where(st, 0.0, n_p)
+                m_p = tl.where(st, float("-inf"), m_p)
             dh = dhr + tl.load(dhp, mask=bu, other=0.0).to(tl.float32)
             dgi, dgf, dgz, dgo, dc, dn, dm = _cell_bwd(gi, gf, gz, go, c_p, n_p, m_p, dh, dc, dn, dm, IEXP, FEXP)
             dgi = tl.where(bu, dgi, 0.0)
@@ -339,6 +371,11 @@ def _bwd(DH, R, G, C, N, M, DG, DC, DN, DM, DH0, B, T, D, s_db, s_dh, s_dt, g_la
             dhr = tl.dot(dgf.to(dt), rt_f, acc=dhr, input_precision=PREC)
             dhr = tl.dot(dgz.to(dt), rt_z, acc=dhr, input_precision=PREC)
             dhr = tl.dot(dgo.to(dt), rt_o, acc=dhr, input_precision=PREC)
+            if HAS_STARTS:  # nothing reaches the state before a document start
+                dc = tl.where(st, 0.0, dc)
+                dn = tl.where(st, 0.0, dn)
+                dm = tl.where(st, 0.0, dm)
+                dhr = tl.where(st, 0.0, dhr)
             Gt -= HB * 4 * D
             DGt -= HB * 4 * D
             Ct -= HB * D
@@ -352,6 +389,9 @@ def _bwd(DH, R, G, C, N, M, DG, DC, DN, DM, DH0, B, T, D, s_db, s_dh, s_dt, g_la
     else:
         dht = dh_rows
         for tt in range(T):
+            if HAS_STARTS:  # st: token t = T-1-tt entered from the zero state; st_next: token t+1 did
+                st = _restarts(STARTS, offs_b, mb, T - 1 - tt, T)
+                st_next = _restarts(STARTS, offs_b, mb & (tt > 0), T - tt, T)
             for j in range(0, DP, BD):
                 offs_u = j + tl.arange(0, BD)
                 mu = offs_u < D
@@ -360,6 +400,8 @@ def _bwd(DH, R, G, C, N, M, DG, DC, DN, DM, DH0, B, T, D, s_db, s_dh, s_dt, g_la
                 g_off = rows[:, None] * (4 * D) + offs_u[None, :]
                 # dh_t from the future: dG_{t+1} @ R^T (DG[T] = 0) plus dh_T at the last step.
                 dhr = _rec_bwd_tile(DGt + HB * 4 * D + hd * B * 4 * D, R, hd, offs_b, mb, j, D, BB, BD, DP, PREC)
+                if HAS_STARTS:
+                    dhr = tl.where(st_next, 0.0, dhr)
                 dh_T = tl.load(DH0 + s_off, mask=bu, other=0.0)
                 dhr += tl.where(tt == 0, dh_T, 0.0)
                 dh = dhr + tl.load(dht + offs_u[None, :], mask=bu, other=0.0).to(tl.float32)
@@ -370,11 +412,19 @@ def _bwd(DH, R, G, C, N, M, DG, DC, DN, DM, DH0, B, T, D, s_db, s_dh, s_dt, g_la
                 c_p = tl.load(Ct + s_off, mask=bu, other=0.0)
                 n_p = tl.load(Nt + s_off, mask=bu, other=0.0)
                 m_p = tl.load(Mt + s_off, mask=bu, other=float("-inf"))
+                if HAS_STARTS:
+                    c_p = tl.where(st, 0.0, c_p)
+                    n_p = tl.where(st, 0.0, n_p)
+                    m_p = tl.where(st, float("-inf"), m_p)
                 dc = tl.load(DC + s_off, mask=bu, other=0.0)
                 dn = tl.load(DN + s_off, mask=bu, other=0.0)
                 dm = tl.load(DM + s_off, mask=bu, other=0.0)
                 dgi, dgf, dgz, dgo, dc, dn, dm = _cell_bwd(gi, gf, gz, go, c_p, n_p, m_p, dh, dc, dn, dm,
                                                            IEXP, FEXP)
+                if HAS_STARTS:
+                    dc = tl.where(st, 0.0, dc)
+                    dn = tl.where(st, 0.0, dn)
+                    dm = tl.where(st, 0.0, dm)
                 tl.store(DGt + g_off, dgi, mask=bu)
                 tl.store(DGt + g_off + D, dgf, mask=bu)
                 tl.store(DGt + g_off + 2 * D, dgz, mask=bu)
@@ -394,6 +444,8 @@ def _bwd(DH, R, G, C, N, M, DG, DC, DN, DM, DH0, B, T, D, s_db, s_dh, s_dt, g_la
             offs_u = j + tl.arange(0, BD)
             bu = mb[:, None] & (offs_u < D)[None, :]
             dh0 = _rec_bwd_tile(DG + hd * B * 4 * D, R, hd, offs_b, mb, j, D, BB, BD, DP, PREC)
+            if HAS_STARTS:
+                dh0 = tl.where(_restarts(STARTS, offs_b, mb, 0, T), 0.0, dh0)
             tl.store(DH0 + rows[:, None] * D + offs_u[None, :], dh0, mask=bu)
 
 
@@ -451,7 +503,7 @@ def _batch_major(x: torch.Tensor) -> torch.Tensor:
 
 class _SLSTMTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool, cfg: LaunchConfig):
+    def forward(ctx, wx, R, c0, n0, m0, h0, input_exp: bool, forget_exp: bool, cfg: LaunchConfig, doc_starts):
         B, H, T, D4 = wx.shape
         D = D4 // 4
         dev = wx.device
@@ -464,19 +516,20 @@ class _SLSTMTriton(torch.autograd.Function):
         for buf, s in ((C, c0), (N, n0), (M, m0), (HS, h0)):
             buf[0] = s.permute(1, 0, 2)
         grid = (H, triton.cdiv(B, cfg.block_b))
-        _fwd[grid](wx, Rk, G, C, N, M, HS, B, T, D, wx.stride(0), wx.stride(1), wx.stride(2),
+        starts = _starts(doc_starts, dev)
+        _fwd[grid](wx, Rk, G, C, N, M, HS, starts, B, T, D, wx.stride(0), wx.stride(1), wx.stride(2),
                    IEXP=input_exp, FEXP=forget_exp, BB=cfg.block_b, DP=cfg.padded_d, BD=cfg.block_d,
-                   ONCHIP=cfg.onchip, PREC=cfg.prec, num_warps=cfg.warps)
-        ctx.save_for_backward(Rk, G, C, N, M, HS)
-        ctx.config = (input_exp, forget_exp, cfg, wx.dtype, R.dtype)
+                   ONCHIP=cfg.onchip, PREC=cfg.prec, HAS_STARTS=doc_starts is not None, num_warps=cfg.warps)
+        ctx.save_for_backward(Rk, G, C, N, M, HS, starts)
+        ctx.config = (input_exp, forget_exp, cfg, wx.dtype, R.dtype, doc_starts is not None)
         h = HS[1:].permute(2, 1, 0, 3).to(wx.dtype).contiguous()
         return (h, _batch_major(C[T]), _batch_major(N[T]), _batch_major(M[T]), _batch_major(HS[T]))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dh, dc_T, dn_T, dm_T, dh_T):
-        Rk, G, C, N, M, HS = ctx.saved_tensors
-        input_exp, forget_exp, cfg, wx_dtype, r_dtype = ctx.config
+        Rk, G, C, N, M, HS, starts = ctx.saved_tensors
+        input_exp, forget_exp, cfg, wx_dtype, r_dtype, packed = ctx.config
         T, H, B, D4 = G.shape
         D = D4 // 4
         dh = dh.contiguous()
@@ -484,16 +537,24 @@ class _SLSTMTriton(torch.autograd.Function):
         DG[T] = 0.0  # the streamed path reads dG_{t+1} at t = T-1
         DC, DN, DM, DH0 = (_time_major(x) for x in (dc_T, dn_T, dm_T, dh_T))
         grid = (H, triton.cdiv(B, cfg.block_b))
-        _bwd[grid](dh, Rk, G, C, N, M, DG, DC, DN, DM, DH0, B, T, D, dh.stride(0), dh.stride(1), dh.stride(2),
+        _bwd[grid](dh, Rk, G, C, N, M, DG, DC, DN, DM, DH0, starts, B, T, D, dh.stride(0), dh.stride(1), dh.stride(2),
                    (T - 1) * H * B * 4 * D, (T - 1) * H * B * D,
                    IEXP=input_exp, FEXP=forget_exp, BB=cfg.block_b, DP=cfg.padded_d, BD=cfg.block_d,
-                   ONCHIP=cfg.onchip, PREC=cfg.prec, num_warps=cfg.warps)
+                   ONCHIP=cfg.onchip, PREC=cfg.prec, HAS_STARTS=packed, num_warps=cfg.warps)
         dG = DG[:T]
-        # dR[h] = sum over (t, b) of h_{t-1} dG_t: one GEMM per head with K = T*B.
-        dR = torch.bmm(HS[:T].permute(1, 3, 0, 2).reshape(H, D, T * B), dG.permute(1, 0, 2, 3).reshape(H, T * B, D4))
+        # dR[h] = sum over (t, b) of h_{t-1} dG_t (zero where a document starts): one GEMM per head, K = T*B.
+        h_prev = HS[:T] if not packed else HS[:T].masked_fill(starts.t().bool()[:, None, :, None], 0.0)
+        dR = torch.bmm(h_prev.permute(1, 3, 0, 2).reshape(H, D, T * B), dG.permute(1, 0, 2, 3).reshape(H, T * B, D4))
         dwx = dG.permute(2, 1, 0, 3).to(wx_dtype).contiguous()
         return (dwx, dR.to(r_dtype), _batch_major(DC), _batch_major(DN), _batch_major(DM), _batch_major(DH0),
-                None, None, None)
+                None, None, None, None)
+
+
+def _starts(doc_starts: torch.Tensor | None, device) -> torch.Tensor:
+    """``doc_starts [B, T]`` as the kernels' bytes on ``device`` (a one-byte stand-in where None: never read)."""
+    if doc_starts is None:
+        return torch.zeros(1, dtype=torch.uint8, device=device)
+    return doc_starts.to(device=device, dtype=torch.uint8).contiguous()
 
 
 def _check_inputs(wx, R, state):
@@ -525,7 +586,8 @@ def _gate_exp(scheme: str, which: str) -> bool:
 
 def slstm_sequence_triton(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = None, *,
                           gates: GateSchemes = GateSchemes(), block_d: int | None = None,
-                          block_b: int | None = None) -> tuple[torch.Tensor, SLSTMState]:
+                          block_b: int | None = None, doc_starts: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, SLSTMState]:
     """:func:`slstm_sequence` with tile overrides (tests use them to reach the streamed-R path)."""
     _check_inputs(wx, R, state)
     input_exp, forget_exp = _gate_exp(gates.input, "input"), _gate_exp(gates.forget, "forget")
@@ -537,17 +599,19 @@ def slstm_sequence_triton(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState |
     if T == 0:  # as the reference: no tokens, the state passes through
         return wx.new_empty(B, H, 0, D), SLSTMState(c0, n0, m0, h0)
     cfg = launch_config(D, wx.dtype, block_d, block_b)
-    h, c, n, m, h_last = _SLSTMTriton.apply(wx, R, c0, n0, m0, h0, input_exp, forget_exp, cfg)
+    h, c, n, m, h_last = _SLSTMTriton.apply(wx, R, c0, n0, m0, h0, input_exp, forget_exp, cfg, doc_starts)
     return h, SLSTMState(c, n, m, h_last)
 
 
 def slstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: SLSTMState | None = None, *,
-                   gates: GateSchemes = GateSchemes()) -> tuple[torch.Tensor, SLSTMState]:
+                   gates: GateSchemes = GateSchemes(), doc_starts: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, SLSTMState]:
     """sLSTM over a sequence with the Triton kernels (forward and backward).
 
     ``wx [B,H,T,4*Dh]`` (= W x + b, gate blocks i, f, z, o), ``R [H,Dh,4*Dh]``; fp32/bf16/fp16 (R is
     cast to wx's dtype for the recurrent matmul). Returns ``h [B,H,T,Dh]`` in wx's dtype and the
     final fp32 :class:`SLSTMState`. ``state=None`` is the zero state (``m = -inf``). Any B, T, Dh.
     Gradients for wx, R and every field of the initial state (see the module notes for ``dm``).
+    ``doc_starts [B, T]``: the zero state again where True.
     """
-    return slstm_sequence_triton(wx, R, state, gates=gates)
+    return slstm_sequence_triton(wx, R, state, gates=gates, doc_starts=doc_starts)

@@ -5,7 +5,7 @@ from typing import Literal
 import torch
 
 from xlstm_zoo.backends import Backend
-from xlstm_zoo.backends.doctor import OPS, op_choices
+from xlstm_zoo.backends.doctor import OPS, PACKED_OPS, op_choices
 from xlstm_zoo.config import ZooConfig
 from xlstm_zoo.registry import registry
 
@@ -23,10 +23,18 @@ def test_doctor_lists_every_backend_and_op(run_cli):
 
 
 def test_op_choices_are_the_dispatchers_choices():
-    rows = {row.op: row for row in op_choices(torch.device("cpu"), torch.float32)}
+    choices = op_choices(torch.device("cpu"), torch.float32)
+    rows = {row.op: row for row in choices if not row.packed}
     from xlstm_zoo.backends.cpp.build import unavailable_reason
 
     compiled = unavailable_reason() is None
+    packed = {row.op: row for row in choices if row.packed}  # the choice for packed rows (doc_starts)
+    assert set(packed) == set(PACKED_OPS)
+    assert packed["slstm_sequence"].uses == ("cpp" if compiled else "fused")
+    assert packed["selective_scan"].uses == ("cpp" if compiled else "reference")
+    if compiled and not packed["mlstm_sequence"].uses.startswith("cpp"):
+        assert packed["mlstm_sequence"].statuses["cpp"] == (
+            "its mlstm_sequence kernel does not take document boundaries (doc_starts)")
     assert rows["slstm_sequence"].uses == ("cpp" if compiled else "fused")
     assert rows["lstm_sequence"].uses == ("cpp" if compiled else "fused")
     assert rows["mlstm_sequence"].uses == ("cpp" if compiled else "reference")
@@ -63,6 +71,6 @@ def test_forced_backend_shows(run_cli, monkeypatch):
     monkeypatch.setenv("XLSTM_ZOO_BACKEND", "reference")
     code, out, _ = run_cli("doctor")
     assert code == 0
-    rows = {row.op: row.uses for row in op_choices(torch.device("cpu"), torch.float32)}
+    rows = {row.op: row.uses for row in op_choices(torch.device("cpu"), torch.float32) if not row.packed}
     assert set(rows.values()) == {"reference"}, "the environment variable forces every op"
     assert "XLSTM_ZOO_BACKEND" in out and "reference" in out

@@ -368,11 +368,11 @@ INTS = {"B", "T", "D", "s_wb", "s_wh", "s_wt", "s_db", "s_dh", "s_dt", "g_last",
 IO = {"WX", "R", "DH"}
 dt, D = sys.argv[1], int(sys.argv[2])
 cfg = mod.launch_config(D, {"fp32": mod.torch.float32, "bf16": mod.torch.bfloat16}[dt])
-for fn in (mod._fwd, mod._bwd):
+for fn, packed in ((f, p) for f in (mod._fwd, mod._bwd) for p in (False, True)):
     consts = dict(IEXP=True, FEXP=False, BB=cfg.block_b, DP=cfg.padded_d, BD=cfg.block_d, ONCHIP=cfg.onchip,
-                  PREC=cfg.prec)
-    sig = {a: "constexpr" if a in consts else "i32" if a in INTS else f"*{dt}" if a in IO else "*fp32"
-           for a in fn.arg_names}
+                  PREC=cfg.prec, HAS_STARTS=packed)
+    sig = {a: "constexpr" if a in consts else "i32" if a in INTS else f"*{dt}" if a in IO else "*u8"
+           if a == "STARTS" else "*fp32" for a in fn.arg_names}
     try:
         src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     except TypeError as err:  # another triton's internal API: not our bug
@@ -386,4 +386,4 @@ for fn in (mod._fwd, mod._bwd):
 @pytest.mark.slow  # Triton compiles for an H100 target
 @pytest.mark.parametrize("dtype, Dh", [("fp32", 64), ("bf16", 256)], ids=["fp32-onchip", "bf16-streamed"])
 def test_kernels_compile_for_sm90(dtype, Dh, tmp_path):
-    compile_for_sm90(_AOT_SCRIPT, [dtype, str(Dh)], 2, tmp_path)
+    compile_for_sm90(_AOT_SCRIPT, [dtype, str(Dh)], 4, tmp_path)  # each kernel with and without doc_starts

@@ -84,3 +84,24 @@ def test_block_diagonal_cells_of_64_units_or_more_take_the_cpp_loops_in_float32(
     grads_ref = torch.autograd.grad(y_ref.sin().sum() + s_ref.c.sum(), [x, v, ref.R])
     for name, a, b in zip(["x", "value_input", "R"], grads, grads_ref):
         assert_close(a, b, kind="kernel", what=f"grad {name}", dtype=torch.float32)
+
+
+def test_packed_rows_never_reach_torch_lstm():
+    """torch's LSTM cannot restart a row mid-sequence: with doc_starts the cell takes the op, whose kernels can;
+    each document equals running it alone (from the row's state for the first)."""
+    from xlstm_zoo.packed import segments
+
+    fused, _ = _pair()
+    x = torch.randn(2, 9, 16, dtype=torch.double)
+    starts = torch.zeros(2, 9, dtype=torch.bool)
+    starts[0, [3, 4]] = starts[1, [0, 8]] = True
+    assert fused._aten_eligible(x, None) and not fused._aten_eligible(x, None, doc_starts=starts)
+    state = fused(x)[1]
+    y, final = fused(x, state, doc_starts=starts)
+    for row in range(2):
+        row_state = type(state)(*(s[row:row + 1] for s in state))
+        for start, end, fresh in segments(starts[row]):
+            y_doc, row_state = fused(x[row:row + 1, start:end], None if fresh else row_state)
+            assert_close(y[row:row + 1, start:end], y_doc, kind="form", what=f"row {row} document {start}-{end}")
+        for a, b in zip(final, row_state):
+            assert_close(a[row:row + 1], b, kind="form", what=f"row {row} final state")

@@ -3,7 +3,9 @@
 For every shipped model recipe: logits, each row's final state (its last document's own final state)
 and every parameter's gradient, with random document lengths (length 1, a document at position 0 and
 one starting at T-1, rows of other layouts), within 1e-5 of the output's scale in fp32 (1e-10 in
-fp64 for one model of each state kind). Then the
+fp64 for one model of each state kind). The path is the one a model takes: the sLSTM, LSTM, Mamba and
+RWKV cells hand ``doc_starts`` to their ops (the kernels restart rows; each kernel alone:
+tests/backends/test_packed_kernels.py), the other parts run each document on their own. Then the
 flash-linear-attention form (``cu_seqlens``), ``step(reset=...)``, and the errors for bad input.
 """
 
@@ -14,7 +16,7 @@ import torch
 
 import xlstm_zoo
 from xlstm_zoo.errors import InputError
-from xlstm_zoo.packed import packable, select_rows
+from xlstm_zoo.packed import packable, run_documents, select_rows
 from xlstm_zoo.recipe import shipped_recipes
 
 MODELS = sorted(r for r in shipped_recipes() if r.startswith("models/"))
@@ -51,8 +53,15 @@ def flat(state) -> list[torch.Tensor]:
     return []
 
 
-def close(got, want, what):
-    tol = 1e-10 if want.dtype == torch.float64 else 1e-5
+# float32, where rounding alone exceeds 1e-5: RetNet amplifies the rounding of its projections, whose GEMMs block
+# differently for a packed batch and for one document (one document of 6 tokens alone vs as a row of a batch of
+# 3, no packing at all: logits 1.4e-6 apart; packed vs alone: logits 4.4e-6, gradients 5.0e-5 of their scale).
+# In float64 it agrees within 1e-10: the maths is exact.
+FP32_TOLERANCE = {"models/retnet": 2e-4}
+
+
+def close(got, want, what, fp32_tol=1e-5):
+    tol = 1e-10 if want.dtype == torch.float64 else fp32_tol
     scale = want.abs().max().item()
     err = (got - want).abs().max().item()
     assert err <= tol * scale + tol / 100, f"{what}: max abs err {err:.3g} > {tol} * {scale:.3g}"
@@ -86,13 +95,14 @@ def test_packed_rows_equal_documents_alone(name, dtype):
             alone_logits[row:row + 1, start:end] = out.detach()
         alone_final.append(row_state)
 
-    close(logits.detach(), alone_logits, f"{name}: logits")
+    tol = FP32_TOLERANCE.get(name, 1e-5)
+    close(logits.detach(), alone_logits, f"{name}: logits", tol)
     for row in range(len(STARTS)):
         for i, (a, b) in enumerate(zip(flat(select_rows(final, slice(row, row + 1))), flat(alone_final[row]))):
-            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}")
+            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}", tol)
     for n, p in model.named_parameters():
         if n in packed_grads:
-            close(packed_grads[n], p.grad, f"{name}: grad {n}")
+            close(packed_grads[n], p.grad, f"{name}: grad {n}", tol)
 
 
 def test_cu_seqlens_is_doc_starts_of_one_row():
@@ -233,10 +243,27 @@ def test_conformance_kit_checks_what_a_plugin_declares():
         check_sequence_module(Ignores(), make, lambda x, t: x[:, t], extreme=None)
 
 
+def test_run_documents_batches_rows_without_inner_starts():
+    """The per-document fallback (packed.run_documents), from the zero state (state None, as in training): rows
+    whose only start is at 0, or none, run in one batched call, the others one call per document."""
+    calls = []
+
+    def forward(x, state):
+        calls.append((x.shape[0], x.shape[1], state is None))
+        return x.cumsum(1), x.sum(1)
+
+    starts = torch.zeros(4, T, dtype=torch.bool)
+    starts[0, 0] = starts[2, [0, 4, 17]] = True
+    y, final = run_documents(forward, torch.ones(4, T, 1), None, starts)
+    assert calls == [(3, T, True), (1, 4, True), (1, 13, True), (1, T - 17, True)]
+    assert y[2, :, 0].tolist() == [*range(1, 5), *range(1, 14), *range(1, T - 16)]
+    assert final[:, 0].tolist() == [T, T, T - 17, T]
+
+
 @pytest.mark.parametrize("name", ["models/xlstm_1_1", "models/llama", "models/mamba", "models/rwkv", "models/retnet"])
 def test_rows_without_inner_boundaries_are_batched_exactly(name):
-    """From the zero state (state None, as in training) rows whose only start is at 0, or none, run in one
-    batched call (packed.run_documents); mixed with a row of several documents, all equal running alone."""
+    """From the zero state (state None, as in training), rows whose only start is at 0, or none, mixed with a
+    row of several documents: all equal running alone."""
     model = build(name, torch.float64)
     vocab = model.embedding.num_embeddings
     g = torch.Generator().manual_seed(2)
@@ -246,13 +273,9 @@ def test_rows_without_inner_boundaries_are_batched_exactly(name):
         mask[row, s] = True
     tokens = torch.randint(0, vocab, (len(starts), T), generator=g)
     weights = torch.randn(len(starts), T, vocab, generator=g, dtype=torch.float64)
-    calls = []
-    block = model.stack.blocks[0]
-    block.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
     model.zero_grad()
     logits, final = model(tokens, None, doc_starts=mask)
     (logits * weights).sum().backward()
-    assert calls[0] == 3, f"three plain rows batched into one call, got first call of {calls[0]} rows"
     packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     for row, s in enumerate(starts):

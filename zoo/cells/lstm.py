@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo.packed import takes_doc_starts
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
@@ -61,11 +61,12 @@ class LSTMCell(Cell):
         z, o = self.zo_proj(x if value_input is None else value_input).chunk(2, dim=-1)
         return assemble_wx(i, f, z, o, self.num_heads)
 
-    def _aten_eligible(self, x, value_input) -> bool:
+    def _aten_eligible(self, x, value_input, doc_starts=None) -> bool:
         """fp32/fp64, no forced backend (config or XLSTM_ZOO_BACKEND), one head or a small block-diagonal
-        recurrence (one the compiled loops do not take: the ``lstm_time_major`` kernel's width limit): torch's
-        fused LSTM (oneDNN on CPU) computes this cell, faster than a loop over time."""
-        return (self.config.backend is None and not os.environ.get(ENV_FORCE) and x.dim() == 3
+        recurrence (one the compiled loops do not take: the ``lstm_time_major`` kernel's width limit), no document
+        boundaries (torch's LSTM cannot restart a row mid-sequence): torch's fused LSTM (oneDNN on CPU) computes
+        this cell, faster than a loop over time."""
+        return (doc_starts is None and self.config.backend is None and not os.environ.get(ENV_FORCE) and x.dim() == 3
                 and not torch.is_autocast_enabled(x.device.type)  # autocast would run torch.lstm in bf16
                 and (self.num_heads == 1 or self._blockdiag_on_aten(x))
                 and x.dtype in (torch.float32, torch.float64) and x.dtype == self.R.dtype)
@@ -102,14 +103,16 @@ class LSTMCell(Cell):
         heads = (B, self.num_heads, self.head_dim)
         return h, ops.LSTMState(c_n.reshape(heads), h_n.reshape(heads))
 
-    def _loop_eligible(self, x, value_input) -> bool:
+    def _loop_eligible(self, x, value_input, doc_starts=None) -> bool:
         """One head, x alone feeding the gates, no backend forced on the cell, and a compiled ``lstm_time_major``
-        kernel that takes this width and these rows (its limits say where it beats torch's LSTM)."""
+        kernel that takes this width and these rows (its limits say where it beats torch's LSTM) and, for packed
+        rows, document boundaries."""
+        packed = {} if doc_starts is None else {"doc_starts": True}
         return (self.num_heads == 1 and value_input is None and x.dim() == 3 and self.config.backend is None
                 and not torch.is_autocast_enabled("cpu")
-                and ops.accelerated("lstm_time_major", x, self.R, width=self.out_dim, rows=x.shape[0]))
+                and ops.accelerated("lstm_time_major", x, self.R, width=self.out_dim, rows=x.shape[0], **packed))
 
-    def _loop_sequence(self, x, state):
+    def _loop_sequence(self, x, state, doc_starts):
         """The input projection of all tokens as one GEMM written time-major, then the C++ loops on it as it
         is: no layout copy of the [T, B, 4 dim] pre-activations either way (the op's path makes two)."""
         B, T, D = x.shape
@@ -118,16 +121,17 @@ class LSTMCell(Cell):
         if state is None:
             state = self.init_state(B, x.device)
         c0, h0 = (s.transpose(0, 1) for s in state)  # [B, 1, D] -> [1, B, D]
-        h, c_T, h_T = ops.lstm_time_major(wx, self.R, c0, h0, rows=B)
+        h, c_T, h_T = ops.lstm_time_major(wx, self.R, c0, h0, rows=B, doc_starts=doc_starts)
         return h[:, 0].transpose(0, 1), ops.LSTMState(c_T.transpose(0, 1), h_T.transpose(0, 1))
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
-        if self._loop_eligible(x, value_input):
-            return self._loop_sequence(x, state)
-        if self._aten_eligible(x, value_input):
+    @takes_doc_starts
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
+        if self._loop_eligible(x, value_input, doc_starts):
+            return self._loop_sequence(x, state, doc_starts)
+        if self._aten_eligible(x, value_input, doc_starts):
             return self._aten_sequence(x, state, value_input)
-        h, state = ops.lstm_sequence(self._wx(x, value_input), self.R, state, backend=self.config.backend)
+        h, state = ops.lstm_sequence(self._wx(x, value_input), self.R, state, doc_starts=doc_starts,
+                                     backend=self.config.backend)
         return merge_heads(h), state
 
     def step(self, x_t, state, *, value_input=None):

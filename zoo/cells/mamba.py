@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo import backends as ops
 from xlstm_zoo.cells.base import Cell
 from xlstm_zoo.config import BuildContext, ZooConfig
@@ -103,20 +103,24 @@ class MambaCell(Cell):
     def _out(self, y, u, z):
         return self.out_proj((y + u * self.D) * F.silu(z))
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
+    @packed.takes_doc_starts
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
         B_, T, _ = x.shape
         kept = torch.promote_types(x.dtype, torch.float32)  # states: fp32 (float64 stays float64)
         if state is None:
             state = self.init_state(B_, x.device)
         u, z = self._split(x, value_input)
         window = torch.cat([state.conv.to(u.dtype), u], dim=1)
-        conv_state = window[:, window.shape[1] - (self.config.conv_kernel - 1):].to(kept)
-        u, _ = self.conv(u, state.conv.to(u.dtype), silu=True)
+        keep = self.config.conv_kernel - 1
+        conv_state = window[:, window.shape[1] - keep:].to(kept)
+        if doc_starts is not None:  # the window the next call continues: its last document's inputs only
+            conv_state = conv_state * packed.last_document(doc_starts, torch.arange(T - keep, T))[..., None].to(
+                conv_state.device, kept)
+        u, _ = packed.run_packed(self.conv, u, state.conv.to(u.dtype), doc_starts, silu=True)
         dt, Bm, Cm = self._selective(u)
         A = -torch.exp(self.A_log.to(kept))
         y, h = ops.selective_scan(u, dt, A, Bm, Cm, state.ssm.to(kept), form=self.config.form,
-                                  chunk_size=self.config.chunk_size)
+                                  chunk_size=self.config.chunk_size, doc_starts=doc_starts)
         return self._out(y.to(u.dtype), u, z), MambaState(conv_state, h.to(kept))
 
     def step(self, x_t, state, *, value_input=None):

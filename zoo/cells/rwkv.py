@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo.packed import takes_doc_starts
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.states import WKVState
 from xlstm_zoo.cells.base import Cell
@@ -65,9 +65,11 @@ class ShiftState(NamedTuple):
         return cls(torch.randn(like.shift.shape, generator=generator, dtype=like.shift.dtype))
 
 
-def token_shift(x: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-    """``[B, T, D]``: each position's previous token, ``previous [B, D]`` before the first."""
-    return torch.cat([previous[:, None].to(x.dtype), x[:, :-1]], dim=1)
+def token_shift(x: torch.Tensor, previous: torch.Tensor, doc_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, T, D]``: each position's previous token, ``previous [B, D]`` before the first, zeros where a
+    document starts (``doc_starts [B, T]``)."""
+    shifted = torch.cat([previous[:, None].to(x.dtype), x[:, :-1]], dim=1)
+    return shifted if doc_starts is None else shifted.masked_fill(doc_starts.to(x.device)[..., None], 0.0)
 
 
 def mix(current: torch.Tensor, shifted: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
@@ -128,15 +130,15 @@ class RWKVTimeMix(Cell):
     def _decay_bonus(self, dtype):
         return -torch.exp(self.decay.to(dtype)), self.bonus.to(dtype)
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
+    @takes_doc_starts
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
         if state is None:
             state = self.init_state(x.shape[0], x.device)
-        k, v, r = self._kvr(x, token_shift(x, state.shift), value_input)
+        k, v, r = self._kvr(x, token_shift(x, state.shift, doc_starts), value_input)
         w, u = self._decay_bonus(k.dtype)
         carried = WKVState(*(s.to(k.dtype) for s in state[1:]))
         wkv, (num, den, m) = ops.rwkv_wkv_sequence(k, v, w, u, carried, form=self.config.form,
-                                                   chunk_size=self.config.chunk_size)
+                                                   chunk_size=self.config.chunk_size, doc_starts=doc_starts)
         y = self.output((torch.sigmoid(r) * wkv).to(self.output.weight.dtype))
         return y.to(x.dtype), RWKVState(x[:, -1].to(k.dtype), num, den, m)
 
@@ -178,11 +180,11 @@ class RWKVChannelMix(Cell):
         r = torch.sigmoid(self.receptance(mix(x, shifted, self.mix_r).to(wdt)))
         return (r * self.value(k)).to(dtype)  # states and the output keep the compute dtype
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
+    @takes_doc_starts
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
         if state is None:
             state = self.init_state(x.shape[0], x.device)
-        y = self._mix(x, token_shift(x, state.shift), value_input)  # in the compute dtype
+        y = self._mix(x, token_shift(x, state.shift, doc_starts), value_input)  # in the compute dtype
         return y.to(x.dtype), ShiftState(x[:, -1].to(y.dtype))
 
     def step(self, x_t, state, *, value_input=None):

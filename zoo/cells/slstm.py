@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo.packed import takes_doc_starts
 from xlstm_zoo import backends as ops
 from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
@@ -58,10 +58,10 @@ class SLSTMCell(Cell):
         return assemble_wx(self.input_gate(x), self.forget_gate(x), self.z(v_in) + z_bias, self.o(v_in) + o_bias,
                            self.num_heads)
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
+    @takes_doc_starts
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
         h, state = ops.slstm_sequence(self._wx(x, value_input), self.R, state, gates=self.gates,
-                                      backend=self.config.backend)
+                                      doc_starts=doc_starts, backend=self.config.backend)
         return merge_heads(h), state
 
     def step(self, x_t, state, *, value_input=None):

@@ -41,9 +41,11 @@ def cmd_doctor(args) -> int:
                     title_justify="left")
         for row in rows:
             cells = [_doctor_cell(row.statuses[n], row.op in registry.instance("backend", n).ops) for n in names]
-            ops.add_row(row.op, f"[bold]{escape(row.uses)}[/]", *cells)
+            ops.add_row(f"{row.op} + doc_starts" if row.packed else row.op, f"[bold]{escape(row.uses)}[/]", *cells)
         show(ops)
-    console.print("Force a backend with a cell's [bold]backend:[/] field or XLSTM_ZOO_BACKEND=name.")
+    console.print("Force a backend with a cell's [bold]backend:[/] field or XLSTM_ZOO_BACKEND=name. "
+                  "[bold]+ doc_starts[/]: packed rows' calls (document boundaries); [yellow]no doc_starts[/]: that "
+                  "backend's kernel cannot restart a row mid-sequence, so packed calls go elsewhere.")
     return 0
 
 
@@ -55,6 +57,8 @@ def _doctor_cell(status: str, has_kernel: bool) -> str:
         return "[dim]no kernel[/]"
     if status.startswith("does not support"):
         return "[yellow]unsupported here[/]"
+    if status.endswith("does not take document boundaries (doc_starts)"):
+        return "[yellow]no doc_starts[/]"
     return "[red]unavailable[/]"
 
 
