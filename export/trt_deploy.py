@@ -69,7 +69,7 @@ def _quiet_polygraphy():
 def fold_for_tensorrt(model):
     """Constant folding, ``polygraphy surgeon sanitize --fold-constants``, int32 constant indices."""
     import onnx_graphsurgeon as gs  # optional dependency (the onnx extra)
-    from polygraphy.backend.onnx import fold_constants, infer_shapes
+    from polygraphy.backend.onnx import fold_constants, infer_shapes  # as above
 
     meta = [(p.key, p.value) for p in model.metadata_props]
     for i, node in enumerate(model.graph.node):  # the fp16 conversion keeps nodes fp32 by name
@@ -90,7 +90,7 @@ def fold_for_tensorrt(model):
 def int32_indices(model) -> int:
     """Cast every constant int64 ``indices`` input (Gather, ScatterND, ...) to int32; returns how many."""
     import onnx  # optional dependency (the onnx extra)
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # as above
 
     inits = {t.name: t for t in model.graph.initializer}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -167,7 +167,7 @@ def _drop_round_trips(model) -> None:
 def fp16_storage(model16):
     """``model16`` computed in fp32, every tensor it holds in fp16 rounded to fp16 where it is made."""
     import onnx  # optional dependency (the onnx extra)
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # as above
 
     half, single = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
     inferred = onnx.shape_inference.infer_shapes(model16)
