@@ -47,12 +47,13 @@ class GridConfig(ZooConfig):
 
     @model_validator(mode="after")
     def _label_entries_name_label_axes(self):
-        labels = sorted(a for a in self.axes if is_label(a)) or "none"
+        labels = sorted(a for a in self.axes if is_label(a))
         for name, overrides in self.variants.items():
             for key, value in overrides.items():
                 if "=" in key and (key.split("=", 1)[0] not in labels or not isinstance(value, dict)):
                     raise ValueError(f"variant {name!r} has {key!r}, but an 'axis=value' entry needs a grid axis of "
-                                     f"that name without a dot and a mapping of overrides (label axes: {labels})")
+                                     f"that name without a dot and a mapping of overrides (label axes: "
+                                     f"{', '.join(labels) or 'none'})")
         return self
 
     def variant_overrides(self, variant: str | None, labels: dict[str, Any]) -> list[tuple[str, Any]]:
