@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from xlstm_zoo.bench import cases as bench_cases
-from xlstm_zoo.bench import mlstm_op_cases
+from xlstm_zoo.bench import lm_cases, mlstm_op_cases
 from xlstm_zoo.bench import runner
 from xlstm_zoo.bench.cases import SMOKE, BaselineUnavailable, Case, Prepared
 
@@ -291,3 +291,24 @@ def test_large_layout_and_lstm_cases_run_at_tiny_scale():
     assert fwd.flops_ours > 0 and fwd.roofline_ours > 0 and fwd.roofline_baseline > 0
     assert fwdbwd.flops_ours > 2 * fwd.flops_ours  # the backward counted too
     assert step.gemm_gflops is None and lstm.gemm_gflops is None and lstm.ratio > 0
+
+
+def test_lm_cases_compare_models_of_the_same_size():
+    """The LM training-step cases' "same size" promise, at SMOKE scale (vocabulary 64, so the stacks weigh
+    most): transformers' models are built from our recipes' numbers and match our parameter count exactly;
+    the official xLSTMLMModel within 6% (its mLSTM gates read q, k and v, ours the inner features; our sLSTM
+    i/f gates are full maps, its per head; our LayerNorms have biases, its none). Built on the meta device:
+    counted without allocating or initialising weights."""
+    cases = [c for c in bench_cases.make_cases(SMOKE) if c.group == lm_cases.GROUP]
+    assert {c.info["row"] for c in cases} == {"xLSTM[1:0]", "xLSTM[7:1]", "xLSTM[1:1]", "Llama", "Mamba", "RWKV-4",
+                                              "RetNet"}
+    with torch.device("meta"):
+        for case in cases:
+            ours = case.ours().params
+            if case.baseline_name == "none":  # RetNet: no reference installed
+                with pytest.raises(BaselineUnavailable, match="no reference installed"):
+                    case.baseline()
+                continue
+            baseline = case.baseline().params
+            tolerance = 0 if case.baseline_name == "transformers" else 0.06
+            assert abs(ours / baseline - 1) <= tolerance, (case.name, ours, baseline)

@@ -43,6 +43,9 @@ class Scale:
     linear_rows: tuple[int, ...] = (1, 2, 4, 8, 16)  # the linear_step op's cases: a step's rows
     linear_size: int = 1024       # ... through 8 square maps of this size (8 x 4 MiB at 1024: from memory)
     gemm_size: int = 1024         # the square fp32 GEMM of the roofline column
+    lm_batch: int = 16            # the LM training step cases (lm_comparison rows at size s)
+    lm_seq_len: int = 128
+    lm_vocab: int = 2048          # the quick profile's BPE vocabulary
     seed: int = 0
 
 
@@ -51,7 +54,8 @@ QUICK = replace(FULL, name="quick", sweep_lengths=(256, 1024, 4096), official_pr
 SMOKE = replace(FULL, name="smoke", batch=1, seq_len=32, dim=16, heads=4, op_head_dim=8, chunk_size=8,
                 sweep_lengths=(16, 32, 64), sweep_ref=32, positions=(2, 8), official_prefill_max=8,
                 large_dims=(32,), large_seq_len=32, large_vocab=50, large_blocks=2, large_step_batches=(1, 2),
-                large_prefill=8, linear_rows=(1, 2), linear_size=64, gemm_size=64)
+                large_prefill=8, linear_rows=(1, 2), linear_size=64, gemm_size=64, lm_batch=2,
+                lm_seq_len=16, lm_vocab=64)
 SCALES = {s.name: s for s in (FULL, QUICK, SMOKE)}
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from xlstm_zoo.bench.case import FULL, QUICK, SCALES, SMOKE, BaselineUnavailable, Case, Prepared, Scale
 from xlstm_zoo.bench.large_cases import large_cases, linear_step_cases
+from xlstm_zoo.bench.lm_cases import lm_cases
 from xlstm_zoo.bench.lstm_cases import lstm_cases
 from xlstm_zoo.bench.mlstm_op_cases import op_cases, sweep_cases
 from xlstm_zoo.bench.packed_cases import packed_cases
@@ -34,7 +35,7 @@ def make_cases(scale: Scale = FULL) -> list[Case]:
     """Every case at this scale, in table order."""
     return (architecture_cases(scale) + large_cases(scale) + lstm_cases(scale) + op_cases(scale)
             + linear_step_cases(scale) + sweep_cases(scale) + generation_cases(scale) + rwkv_cases(scale)
-            + baseline_layer_cases(scale) + packed_cases(scale))
+            + baseline_layer_cases(scale) + packed_cases(scale) + lm_cases(scale))
 
 
 def case_names(scale: Scale = FULL) -> list[str]:

@@ -12,6 +12,7 @@ from xlstm_zoo.recipe import build, load_recipe
 
 MLSTM_PROJ = "stack.blocks.m.cell.proj=blockdiag"  # = the official qkv_proj_blocksize=4 (our proj_blocksize default)
 SLSTM_PROJ = "stack.blocks.s.cell.proj=headwise"   # the official sLSTM layer's z/o projections are per head
+MLSTM_ROUND = "stack.blocks.m.multiple_of=64"      # the official mLSTM up-projection: 2 * dim rounded up to 64
 OFFICIAL_FFN_FACTOR = 1.3                         # FeedForwardConfig(proj_factor=1.3), rounded up to 64
 OFFICIAL_FFN_ROUND = 64
 
@@ -27,12 +28,14 @@ def _official_xlstm():
         from xlstm.blocks.slstm.layer import sLSTMLayerConfig
         from xlstm.components.feedforward import FeedForwardConfig
         from xlstm.xlstm_block_stack import xLSTMBlockStack, xLSTMBlockStackConfig
+        from xlstm.xlstm_lm_model import xLSTMLMModel, xLSTMLMModelConfig
     except ImportError as err:
         raise BaselineUnavailable(f"not installed (xlstm: {err})") from None
     return dict(mLSTMBlockConfig=mLSTMBlockConfig, mLSTMLayerConfig=mLSTMLayerConfig,
                 sLSTMBlockConfig=sLSTMBlockConfig, sLSTMLayerConfig=sLSTMLayerConfig,
                 FeedForwardConfig=FeedForwardConfig, xLSTMBlockStack=xLSTMBlockStack,
-                xLSTMBlockStackConfig=xLSTMBlockStackConfig)
+                xLSTMBlockStackConfig=xLSTMBlockStackConfig, xLSTMLMModel=xLSTMLMModel,
+                xLSTMLMModelConfig=xLSTMLMModelConfig)
 
 
 def official_mlstm_kernel(name: str):
@@ -43,11 +46,11 @@ def official_mlstm_kernel(name: str):
     return get_mlstm_kernel(name)
 
 
-def official_stack(scale: Scale, num_blocks: int, slstm_at, *, function: str = "slstm",
-                   context_length: int | None = None) -> torch.nn.Module:
-    """The official ``xLSTMBlockStack`` (NeurIPS blocks) at the scale's dim and heads, CPU backends."""
+def _official_config(config_class: str, scale: Scale, num_blocks: int, slstm_at, function: str,
+                     context_length: int | None, **extra):
+    """The official stack's config (NeurIPS blocks) at the scale's dim and heads, CPU backends."""
     x = _official_xlstm()
-    cfg = x["xLSTMBlockStackConfig"](
+    return x[config_class](
         mlstm_block=x["mLSTMBlockConfig"](mlstm=x["mLSTMLayerConfig"](
             conv1d_kernel_size=4, qkv_proj_blocksize=4, num_heads=scale.heads)),
         slstm_block=x["sLSTMBlockConfig"](
@@ -55,8 +58,24 @@ def official_stack(scale: Scale, num_blocks: int, slstm_at, *, function: str = "
                                         bias_init="powerlaw_blockdependent", function=function),
             feedforward=x["FeedForwardConfig"](proj_factor=OFFICIAL_FFN_FACTOR, act_fn="gelu")),
         context_length=context_length or scale.seq_len, num_blocks=num_blocks, embedding_dim=scale.dim,
-        slstm_at=slstm_at)
-    return x["xLSTMBlockStack"](cfg)
+        slstm_at=slstm_at, **extra)
+
+
+def official_stack(scale: Scale, num_blocks: int, slstm_at, *, function: str = "slstm",
+                   context_length: int | None = None) -> torch.nn.Module:
+    """The official ``xLSTMBlockStack`` (NeurIPS blocks) at the scale's dim and heads, CPU backends."""
+    config = _official_config("xLSTMBlockStackConfig", scale, num_blocks, slstm_at, function, context_length)
+    return _official_xlstm()["xLSTMBlockStack"](config)
+
+
+def official_lm(scale: Scale, num_blocks: int, slstm_at, vocab_size: int) -> torch.nn.Module:
+    """The official ``xLSTMLMModel`` (tied embedding and head, as ours) around that stack, for ``lm_seq_len`` tokens."""
+    config = _official_config("xLSTMLMModelConfig", scale, num_blocks, slstm_at, "slstm", scale.lm_seq_len,
+                              vocab_size=vocab_size, tie_weights=True)
+    torch.manual_seed(scale.seed)
+    model = _official_xlstm()["xLSTMLMModel"](config)
+    model.reset_parameters()
+    return model
 
 
 # --- ours ---------------------------------------------------------------------------------------------
@@ -73,7 +92,7 @@ def recipe_overrides(recipe: str, scale: Scale, num_blocks: int | None = None) -
     if recipe == "lstm_up_projection":  # the official sLSTM block with function="lstm": post-up, conv 4, FFN
         return common + ["stack.pattern=l", "stack.blocks.l.conv_kernel=4", f"stack.blocks.l.cell.num_heads={scale.heads}",
                          f"stack.blocks.l.mlp.proj_factor={ffn_factor(scale.dim)}"]
-    out = common + [MLSTM_PROJ, SLSTM_PROJ, f"stack.blocks.m.cell.num_heads={scale.heads}",
+    out = common + [MLSTM_PROJ, MLSTM_ROUND, SLSTM_PROJ, f"stack.blocks.m.cell.num_heads={scale.heads}",
                     f"stack.blocks.s.cell.num_heads={scale.heads}", f"stack.blocks.s.mlp.proj_factor={ffn_factor(scale.dim)}",
                     f"stack.blocks.m.cell.chunk_size={scale.chunk_size}"]
     if num_blocks is not None:
@@ -81,9 +100,9 @@ def recipe_overrides(recipe: str, scale: Scale, num_blocks: int | None = None) -
     return out
 
 
-def our_model(recipe: str, scale: Scale, num_blocks: int | None = None):
+def our_model(recipe: str, scale: Scale, num_blocks: int | None = None, extra: list[str] | None = None):
     torch.manual_seed(scale.seed)
-    return build(load_recipe(recipe, recipe_overrides(recipe, scale, num_blocks)))
+    return build(load_recipe(recipe, recipe_overrides(recipe, scale, num_blocks) + (extra or [])))
 
 
 

@@ -1,7 +1,9 @@
 """Expanding a recipe's grid into cells.
 
 Each cell is the base recipe plus overrides: its variant's, then one value per axis, then one
-element of every zipped group, then ``train.seed``; the recipe's profile and ``--set`` overrides
+element of every zipped group, then ``train.seed``. An axis named without a dot (``size: [s, m]``) is a
+label that sets nothing itself: each variant says what its values mean (``size=m: {model.dim: 144}``),
+so rows of different shapes can share one size axis; the recipe's profile and ``--set`` overrides
 are re-applied last, so they hold for every cell. A cell's id is a readable slug of what it
 overrides plus a digest of the *resolved* cell recipe: any change that alters what a cell means
 (a changed default, a different step count) gives a new id, so an old result is never reused.
@@ -19,6 +21,7 @@ from typing import Any
 
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
+from xlstm_zoo.recipe.grid import is_label
 from xlstm_zoo.recipe.meaning import NOT_MEANING, meaning_digest
 
 # Sections that describe the grid itself, not what a cell trains.
@@ -43,7 +46,7 @@ class OverriddenVariantWarning(UserWarning):
 def _warn_overridden_variants(recipe, variants) -> None:
     late = [keys for keys, _ in recipe._overrides if keys[0] not in GRID_ONLY]
     for name, overrides in variants:
-        for path in overrides:
+        for path in _paths(overrides):
             parts = path.split(".")
             for keys in late:
                 if len(keys) <= len(parts) and list(keys) == parts[:len(keys)]:  # the late value replaces it whole
@@ -63,9 +66,13 @@ def expand(recipe) -> list[Cell]:
     axes = [[(path, value) for value in values] for path, values in grid.axes.items()]
     zipped = [[list(zip(group, values)) for values in zip(*group.values())] for group in grid.zipped]
     cells = []
-    for (variant, variant_overrides), axis_combo, zip_combo, seed in itertools.product(
+    for (variant, _), axis_combo, zip_combo, seed in itertools.product(
             variants, itertools.product(*axes), itertools.product(*zipped), grid.seeds):
-        overrides = list(variant_overrides.items()) + list(axis_combo)
+        try:
+            overrides = grid.variant_overrides(variant, dict(axis_combo))
+        except ConfigError as err:
+            raise err.located(file=recipe._source) from None
+        overrides += [(path, value) for path, value in axis_combo if not is_label(path)]
         overrides += [pair for group in zip_combo for pair in group] + [("train.seed", seed)]
         labels = {"variant": variant, **dict(axis_combo), **{p: v for g in zip_combo for p, v in g}, "seed": seed}
         cells.append(_resolve(recipe, variant, overrides, labels))
@@ -75,6 +82,11 @@ def expand(recipe) -> list[Cell]:
         raise ConfigError(f"grid cells {duplicates} are identical (repeated values in an axis or seeds?)",
                           path="grid", file=recipe._source)
     return cells
+
+
+def _paths(overrides: dict) -> list[str]:
+    """A variant's dot-paths, those under its ``axis=value`` entries included."""
+    return [p for key, value in overrides.items() for p in (value if "=" in key else [key])]
 
 
 def _resolve(recipe, variant, overrides, labels) -> Cell:

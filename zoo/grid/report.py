@@ -72,7 +72,7 @@ class Report:
     has_paper: bool
     curves: list[Curve] = field(default_factory=list)
     column_label: str | None = None  # what the columns are (report.columns, e.g. task.type), for plot titles
-    runs: dict[str, list[dict]] = field(default_factory=dict)  # row -> finished results (sizes and speed)
+    runs: dict[tuple[str, str], list[dict]] = field(default_factory=dict)  # (row, column) -> finished results
 
     def markdown(self) -> str:
         head = ["", *self.columns]
@@ -89,17 +89,19 @@ class Report:
         return "\n".join(lines + self._run_facts()) + "\n"
 
     def _run_facts(self) -> list[str]:
-        """Sizes and training speed per row (means over its finished cells), where the results have them
-        (language-model tasks report tokens per second)."""
-        rows = [r for r in self.rows if any("tokens_per_second" in x for x in self.runs.get(r, []))]
-        if not rows:
+        """Sizes and training speed per row and column (means over its finished cells), where the results
+        have them (language-model tasks report tokens per second)."""
+        keys = [(r, c) for r in self.rows for c in self.columns
+                if any("tokens_per_second" in x for x in self.runs.get((r, c), []))]
+        if not keys:
             return []
         lines = ["", "| row | non-embedding parameters | FLOPs/token | training tokens | tokens/s |", "|---|---|---|---|---|"]
-        for row in rows:
-            done = [x for x in self.runs[row] if "tokens_per_second" in x]
+        for row, column in keys:
+            done = [x for x in self.runs[row, column] if "tokens_per_second" in x]
             mean = {k: sum(x.get(k, 0) for x in done) / len(done)
                     for k in ("non_embedding_parameters", "flops_per_token", "train_tokens", "tokens_per_second")}
-            lines.append(f"| {row} | {mean['non_embedding_parameters']:,.0f} | {mean['flops_per_token']:,.0f} | "
+            name = row if len(self.columns) == 1 else f"{row}, {self.column_label}={column}"
+            lines.append(f"| {name} | {mean['non_embedding_parameters']:,.0f} | {mean['flops_per_token']:,.0f} | "
                          f"{mean['train_tokens']:,.0f} | {mean['tokens_per_second']:,.0f} |")
         return lines
 
@@ -192,7 +194,7 @@ def build_report(run_dir: str | Path) -> Report:
                 raise ConfigError(f"metric {cfg.metric!r} on split {cfg.split!r} is not in the results "
                                   f"(available: {', '.join(known)})", path="report")
             group.values.append(float(metrics[cfg.metric]))
-            runs.setdefault(row, []).append(result)
+            runs.setdefault((row, column), []).append(result)
     if cfg.paper is not None:
         _add_paper(cfg.paper, groups)
     curves = [curve for (row, column), runs in logged.items()

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from xlstm_zoo.config import ZooConfig
+from xlstm_zoo.errors import ConfigError
+
+
+def is_label(axis: str) -> bool:
+    """An axis named without a dot (``size``) is a label: it sets nothing itself, each variant's
+    ``axis=value`` entry (``size=m: {model.dim: 128}``) says what it sets."""
+    return "." not in axis
 
 
 class GridConfig(ZooConfig):
     """Cells = variants x cartesian axes x zipped groups x seeds; each cell is a set of overrides."""
 
     variants: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="named sets of overrides (dot-path -> value), e.g. the paper's ablation rows")
-    axes: dict[str, list[Any]] = Field(default_factory=dict, description="dot-path -> values, combined cartesian")
+        default_factory=dict, description="named sets of overrides (dot-path -> value), e.g. the paper's ablation rows; "
+                                          "'axis=value' -> overrides for the cells at that value of a label axis")
+    axes: dict[str, list[Any]] = Field(default_factory=dict, description="dot-path -> values, combined cartesian; "
+                                       "a name without a dot is a label axis: each variant says what its values set")
     zipped: list[dict[str, list[Any]]] = Field(
         default_factory=list, description="groups of dot-paths whose value lists are paired element by element")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="values of train.seed")
@@ -35,6 +44,31 @@ class GridConfig(ZooConfig):
             if len(set(lengths.values())) > 1:
                 raise ValueError(f"zipped group {i} pairs lists of different lengths: {lengths}")
         return groups
+
+    @model_validator(mode="after")
+    def _label_entries_name_label_axes(self):
+        labels = sorted(a for a in self.axes if is_label(a))
+        for name, overrides in self.variants.items():
+            for key, value in overrides.items():
+                if "=" in key and (key.split("=", 1)[0] not in labels or not isinstance(value, dict)):
+                    raise ValueError(f"variant {name!r} has {key!r}, but an 'axis=value' entry needs a grid axis of "
+                                     f"that name without a dot and a mapping of overrides (label axes: "
+                                     f"{', '.join(labels) or 'none'})")
+        return self
+
+    def variant_overrides(self, variant: str | None, labels: dict[str, Any]) -> list[tuple[str, Any]]:
+        """A variant's overrides in a cell with these ``labels``: its plain ones, then its entry for the
+        cell's value of each label axis."""
+        overrides = self.variants.get(variant, {}) if variant is not None else {}
+        out = [(path, value) for path, value in overrides.items() if "=" not in path]
+        for axis in filter(is_label, self.axes):
+            key = f"{axis}={labels[axis]}"
+            if key not in overrides:
+                given = sorted(k for k in overrides if k.startswith(f"{axis}=")) or "none"
+                raise ConfigError(f"grid axis {axis!r} is a label (no dot): every variant needs a {key!r} entry "
+                                  f"saying what it sets; {variant!r} has {given}", path="grid.variants")
+            out += list(overrides[key].items())
+        return out
 
 
 class PaperConfig(ZooConfig):

@@ -48,6 +48,25 @@ def test_expansion_combines_variants_axes_zips_and_seeds():
     assert first.id.startswith("small__lr=0.01__length=2__batch_size=8__seed=0-")
 
 
+def test_a_label_axis_sets_what_each_variant_says_for_its_value():
+    data = grid_recipe(axes={"size": ["s", "m"]})
+    data["grid"]["variants"] = {"small": {"size=s": {"model.dim": 8}, "size=m": {"model.dim": 16}},
+                                "wide": {"model.dim": 24, "size=s": {"train.lr": 0.01}, "size=m": {"train.lr": 0.02}}}
+    cells = {(c.labels["variant"], c.labels["size"]): c for c in expand(load_recipe(data)) if c.labels["seed"] == 0}
+    assert [(v, s, c.recipe.model.dim) for (v, s), c in cells.items() if v == "small"] == [("small", "s", 8),
+                                                                                           ("small", "m", 16)]
+    wide = cells["wide", "m"]
+    assert (wide.recipe.model.dim, wide.recipe.train.lr) == (24, 0.02)
+    assert wide.overrides == [("model.dim", 24), ("train.lr", 0.02), ("train.seed", 0)]  # the label sets nothing itself
+    assert wide.id.startswith("wide__size=m__seed=0-")
+    del data["grid"]["variants"]["small"]["size=m"]
+    with pytest.raises(ConfigError, match=r"needs a 'size=m' entry saying what it sets; 'small' has \['size=s'\]"):
+        expand(load_recipe(data))
+    data["grid"]["axes"] = {"train.lr": [0.01]}
+    with pytest.raises(ConfigError, match=r"variant 'small' has 'size=s', but an 'axis=value' entry needs a grid axis"):
+        load_recipe(data)
+
+
 def test_ids_are_stable_and_follow_meaning():
     ids = [c.id for c in expand(load_recipe(grid_recipe()))]
     assert ids == [c.id for c in expand(load_recipe(grid_recipe()))], "same recipe, same ids"
