@@ -41,7 +41,8 @@ TOLERANCES = {
     "float32": {"step": (1e-5, 1e-4), "rollout": (1e-4, 1e-3)},
     "float16": {"step": (2e-2, 2e-2), "rollout": (5e-2, 5e-2)},
     # the fp16 graph of --format tensorrt (fp16 weights and activations, recurrence fp32), against PyTorch fp32,
-    # normwise (see compare): measured in docs/export.md
+    # normwise (see compare). Every shipped recipe at its shipped size (docs/export.md): at worst 0.029 max|ref|
+    # per step, 0.032 over 300-step rollouts (RetNet).
     "float16 graph": {"step": (5e-2, 5e-2, True), "rollout": (5e-2, 5e-2, True)},
 }
 # A tensor outside tolerance still passes when onnxruntime is no further from a float64 copy of the model
