@@ -138,7 +138,7 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
                 validate: bool = True, rollout_steps: int = 1000, prefill: int | None = None,
                 input_dim: int | None = None, name: str = "step", source: str = "",
                 threads: int | None = None, seed: int = 0, reset: bool = False,
-                token_dtype: torch.dtype = torch.int64) -> ExportResult:
+                token_dtype: torch.dtype = torch.int64, safe_forms: bool = False) -> ExportResult:
     """Export ``model``'s recurrent step to ``out_dir/{name}.onnx`` and validate it.
 
     ``model`` is anything with ``init_state(batch)`` and ``step(x_t, state)``: a model from a recipe,
@@ -148,7 +148,9 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     PyTorch at the batch sizes ``min``, ``opt`` and ``max`` and over ``rollout_steps`` steps from the
     zero and a random state. ``reset=True`` adds the input ``reset [batch]`` (bool: those rows restart
     from the zero state before the step), validated with random resets in the rollouts. ``token_dtype``:
-    the dtype of token ids (int64; int32 for TensorRT, whose index tensors are int32). Also written:
+    the dtype of token ids (int64; int32 for TensorRT, whose index tensors are int32). ``safe_forms``: softplus
+    and log-sigmoid in forms finite in fp16 (for TensorRT; in fp32 they drift a little further from float64
+    over long rollouts, so the plain ONNX export keeps the exporter's own). Also written:
     ``{name}.json`` (names, shapes, zero-state values, opset, versions, validation). Check ``result.ok``;
     ``result.report`` has every number.
     """
@@ -174,7 +176,8 @@ def export_step(model: nn.Module, out_dir, *, batch=DEFAULT_BATCH, opset: int | 
     staging = _staging_dir(final, name)
     try:
         result = _export_into(staging, work, signature, batch=batch, opset=opset, dtype=dtype, validate=validate,
-                              rollout_steps=rollout_steps, prefill=prefill, name=name, threads=threads, seed=seed)
+                              rollout_steps=rollout_steps, prefill=prefill, name=name, threads=threads, seed=seed,
+                              safe_forms=safe_forms)
     except BaseException:  # nothing unvalidated is left: the files of a failed export go with their folder
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -219,7 +222,7 @@ def _publish(result: "ExportResult", staging: Path, final: Path) -> "ExportResul
 
 
 def _export_into(out: Path, work, signature: StepSignature, *, batch, opset, dtype, validate, rollout_steps,
-                 prefill, name, threads, seed) -> "ExportResult":
+                 prefill, name, threads, seed, safe_forms) -> "ExportResult":
     import onnx  # optional dependency (the onnx extra), present: checked by the caller
 
     module = StepModule(work, signature).eval()
@@ -231,7 +234,8 @@ def _export_into(out: Path, work, signature: StepSignature, *, batch, opset, dty
     found = versions()
     meta = {"xlstm_zoo.opset": str(opset), "xlstm_zoo.dtype": dtype, "xlstm_zoo.batch": list(batch),
             "xlstm_zoo.source": signature.source}
-    path = onnx_export.export_onnx(module, signature, out / f"{name}.onnx", batch=batch, opset=opset, metadata=meta)
+    path = onnx_export.export_onnx(module, signature, out / f"{name}.onnx", batch=batch, opset=opset, metadata=meta,
+                                   safe_forms=safe_forms)
     proto = onnx.load(str(path), load_external_data=False)
     report = checks.Report()
     report.graph = onnx_export.graph_checks(proto, signature, batch)

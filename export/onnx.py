@@ -80,7 +80,8 @@ def _quiet():
 
 
 def export_onnx(module: StepModule | PrefillModule, signature: StepSignature, path: Path, *,
-                batch: tuple[int, int, int], opset: int = DEFAULT_OPSET, metadata: dict | None = None) -> Path:
+                batch: tuple[int, int, int], opset: int = DEFAULT_OPSET, metadata: dict | None = None,
+                safe_forms: bool = False) -> Path:
     """Trace ``module`` with torch.export and write it as ONNX to ``path`` (only the batch axis is dynamic)."""
     import onnx  # optional dependency (the onnx extra)
 
@@ -103,7 +104,7 @@ def export_onnx(module: StepModule | PrefillModule, signature: StepSignature, pa
             program = torch.onnx.export(
                 module.eval(), args, dynamo=True, dynamic_shapes=dynamic_shapes, opset_version=opset,
                 input_names=signature.input_names, output_names=output_names, verbose=False,
-                external_data=False, optimize=True, custom_translation_table=safe_translations())
+                external_data=False, optimize=True, custom_translation_table=safe_translations() if safe_forms else None)
         except ExportError:
             raise
         except Exception as err:

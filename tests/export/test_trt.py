@@ -182,7 +182,8 @@ def test_every_shipped_recipe_and_the_plugin_cell_pass_the_tensorrt_check(recipe
     else:
         torch.manual_seed(0)
         model = build_recipe(load_recipe(recipe, ["dim=32"]))
-    result = export_step(model, tmp_path, batch=BATCH, rollout_steps=0, threads=1, token_dtype=torch.int32)
+    result = export_step(model, tmp_path, batch=BATCH, rollout_steps=0, threads=1, token_dtype=torch.int32,
+                         safe_forms=True)
     deployed = deploy_tensorrt(result, model, steps=300, threads=1)
     assert deployed.violations == [], [v.line() for v in deployed.violations]
     for artefact in deployed.artefacts:

@@ -102,7 +102,7 @@ def run(args) -> int:
     out.print("versions: " + ", ".join(f"{k} {v}" for k, v in found.items()), highlight=False, soft_wrap=True)
     result = export_step(model, args.out, batch=batch, opset=args.opset, dtype=args.dtype, rollout_steps=args.rollout,
                          prefill=args.prefill, source=name, threads=args.threads, reset=args.reset,
-                         token_dtype=torch.int32 if fmt == "tensorrt" else torch.int64)
+                         token_dtype=torch.int32 if fmt == "tensorrt" else torch.int64, safe_forms=fmt == "tensorrt")
     print_result(result, out)
     carried = carry(args.source, args.out)  # the checkpoint's model card and tokenizer go with the exported model
     if carried:
