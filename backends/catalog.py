@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 from xlstm_zoo.backends.cpp import cpp_backend
 from xlstm_zoo.backends.cuda import cuda_backend
 from xlstm_zoo.backends.fused import fused_backend
-from xlstm_zoo.backends.kernel import Backend, Kernel
+from xlstm_zoo.backends.kernel import SEQUENCE_FORMS, Backend, Kernel
 from xlstm_zoo.backends.reference import reference_backend
 from xlstm_zoo.backends.triton import triton_backend
 
@@ -30,6 +30,13 @@ def _dtype_names(kernel: Kernel) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in kernel.dtypes)
 
 
+def boundary_support(kernel: Kernel) -> str:
+    """Whether the kernel keeps packed documents apart (``doc_starts``): yes, no, or - (it sees no sequence)."""
+    if (kernel.op, kernel.form) not in SEQUENCE_FORMS:
+        return "-"
+    return "yes" if kernel.boundaries else "no"
+
+
 def kernel_rows(backends: Iterable[Backend]) -> list[dict[str, str]]:
     """One row per kernel, highest-priority backend first."""
     rows = []
@@ -38,14 +45,14 @@ def kernel_rows(backends: Iterable[Backend]) -> list[dict[str, str]]:
             rows.append({"kernel": kernel.name, "priority": str(backend.priority),
                          "devices": ", ".join(kernel.devices) or "any", "dtypes": _dtype_names(kernel),
                          "shapes": kernel.shapes, "limits": "; ".join(lim.describe() for lim in kernel.limits) or "-",
-                         "notes": kernel.notes or "-"})
+                         "boundaries": boundary_support(kernel), "notes": kernel.notes or "-"})
     return rows
 
 
 def markdown_table(backends: Iterable[Backend] | None = None) -> str:
     """The kernel table in Markdown (built-in backends by default)."""
     rows = kernel_rows(builtin_backends() if backends is None else backends)
-    header = ["kernel", "priority", "devices", "dtypes", "shapes", "limits", "notes"]
+    header = ["kernel", "priority", "devices", "dtypes", "shapes", "limits", "boundaries", "notes"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(f"`{r[h]}`" if h == "kernel" else r[h] for h in header) + " |" for r in rows]
     return "\n".join(lines) + "\n"

@@ -12,13 +12,16 @@ from dataclasses import dataclass
 import torch
 
 from xlstm_zoo.backends.cpp.build import built_with, compiler
-from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, select
-from xlstm_zoo.backends.kernel import SHAPES, op_function
+from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, select, select_packed
+from xlstm_zoo.backends.kernel import SEQUENCE_FORMS, SHAPES, op_function
 from xlstm_zoo.backends.triton import triton_missing_reason
 from xlstm_zoo.errors import BackendError
 
 # Every op function a kernel can serve, in the declarations' order.
 OPS = tuple(dict.fromkeys(op_function(op, form) for op, form in SHAPES))
+# The op functions that take packed rows (doc_starts): the choice for those calls is a row of its own.
+PACKED_OPS = tuple(dict.fromkeys(op_function(op, form) for op, form in SHAPES if (op, form) in SEQUENCE_FORMS))
+PACKED = " (doc_starts)"  # the suffix of such a row's op
 OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}, "head_norm": {"heads": 4},
               "block_diagonal": {"block": 4, "width": 128}, "selective_scan": {"form": "chunked"},
               "rwkv_wkv_sequence": {"form": "chunkwise", "chunk_size": 16}}  # the cells' defaults
@@ -87,15 +90,22 @@ class OpChoice:
 
 
 def op_choices(device: torch.device, dtype: torch.dtype) -> list[OpChoice]:
+    """Each op's choice, then for the ops that take packed rows the choice for such a call (op + PACKED): the
+    backend, followed by "(each document alone)" where its kernel does not keep them apart."""
     rows = []
-    for op in OPS:
+    for op, packed in [(op, False) for op in OPS] + [(op, True) for op in PACKED_OPS]:
         options = {**OP_OPTIONS.get(op, {}), **READABLE}
-        statuses = {name: status for name, _, status in explain(op, device, dtype, **options)}
+        statuses = {name: status for name, _, status in
+                    explain(op, device, dtype, **options, **({"doc_starts": True} if packed else {}))}
         try:
-            uses = select(op, device, dtype, **options).name
+            if packed:
+                chosen, native = select_packed(op, device, dtype, **options)
+                uses = chosen.name if native else f"{chosen.name} (each document alone)"
+            else:
+                uses = select(op, device, dtype, **options).name
         except BackendError as err:
             uses = f"none: {err}"
-        rows.append(OpChoice(op, device.type, str(dtype).removeprefix("torch."), uses, statuses))
+        rows.append(OpChoice(op + PACKED * packed, device.type, str(dtype).removeprefix("torch."), uses, statuses))
     return rows
 
 

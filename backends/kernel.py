@@ -50,6 +50,11 @@ SHAPES = {
     ("selective_scan", "chunked"): "u, dt [B,T,E]; A [E,N]; B, C [B,T,N]; h0 [B,E,N] -> y [B,T,E]; h_T [B,E,N]",
     ("selective_scan", "sequential"): "u, dt [B,T,E]; A [E,N]; B, C [B,T,N]; h0 [B,E,N] -> y [B,T,E]; h_T [B,E,N]",
 }
+# The op forms that see a sequence, so that document boundaries concern them: a packed call (option
+# ``doc_starts=True``) goes to a kernel of one of these that declares ``boundaries``.
+SEQUENCE_FORMS = {("mlstm", "chunkwise"), ("mlstm", "parallel"), ("mlstm", "recurrent"), ("slstm", "sequence"),
+                  ("lstm", "sequence"), ("lstm", "time_major"), ("rwkv_wkv", "chunkwise"), ("rwkv_wkv", "recurrent"),
+                  ("causal_conv_silu", "layer"), ("selective_scan", "chunked"), ("selective_scan", "sequential")}
 # Ops whose sequence form is chosen per call: the option that names it and its default.
 SEQUENCE_FORM_OPTION = {"mlstm": ("form", "chunkwise"), "rwkv_wkv": ("form", "chunkwise"),
                         "selective_scan": ("form", "chunked")}
@@ -142,10 +147,13 @@ class Kernel:
     notes: str = ""
     opaque: bool = False                         # reads raw memory (a compiled call): only where readable=True
     traced_op: str | None = None                 # the custom op (``ns::name``) a torch.compile graph calls for it
+    boundaries: bool = False                     # takes doc_starts: keeps the documents of a packed row apart
 
     def __post_init__(self):
         if (self.op, self.form) not in SHAPES:
             raise ValueError(f"kernel {self.name}: unknown op form; known: {', '.join(f'{o}.{f}' for o, f in SHAPES)}")
+        if self.boundaries and (self.op, self.form) not in SEQUENCE_FORMS:
+            raise ValueError(f"kernel {self.name}: declares document boundaries, but {self.op}.{self.form} sees no sequence")
 
     @property
     def name(self) -> str:
@@ -172,6 +180,7 @@ class Kernel:
     def supports(self, device: torch.device, dtype: torch.dtype, options: dict) -> bool:
         return ((not self.devices or device.type in self.devices) and (not self.dtypes or dtype in self.dtypes)
                 and (not self.opaque or options.get("readable", False))
+                and (self.boundaries or not options.get("doc_starts", False))
                 and all(limit.accepts(options) for limit in self.limits))
 
 
@@ -198,8 +207,8 @@ class Backend:
     def supports(self, op: str, device: torch.device, dtype: torch.dtype, **options) -> bool:
         if op not in self.ops:
             return False
-        if not self.kernels:
-            return True
+        if not self.kernels:  # a plugin's bare ops: packed calls only where it overrides this
+            return not options.get("doc_starts", False)
         return any(k.serves(op, options) and k.supports(device, dtype, options) for k in self.kernels)
 
 

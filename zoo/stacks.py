@@ -147,12 +147,12 @@ class Stack(nn.Module):
 
     def forward(self, x: torch.Tensor, state: tuple | None = None, *, doc_starts: torch.Tensor | None = None):
         """``x [B, T, dim]`` -> ``[B, T, dim]``, final state. ``doc_starts [B, T]`` (bool): documents
-        packed in a row start where it is True, each from the zero state (xlstm_zoo.packed)."""
-        if doc_starts is None:
-            return self._forward(x, state)
-        starts = packed.check_doc_starts(doc_starts, x.shape[0], x.shape[1])
-        self.check_packable()
-        return packed.run_documents(self._forward, x, state, starts)
+        packed in a row start where it is True, each from the zero state (xlstm_zoo.packed); every block
+        keeps them apart (a part without native support runs each of its documents on its own)."""
+        if doc_starts is not None:
+            doc_starts = packed.check_doc_starts(doc_starts, x.shape[0], x.shape[1], x.device)
+            self.check_packable()
+        return self._forward(x, state, doc_starts)
 
     def check_packable(self) -> None:
         """An :class:`InputError` naming the first block or cell that does not declare document boundaries."""
@@ -164,14 +164,14 @@ class Stack(nn.Module):
                                      "declare support for document boundaries (doc_starts / cu_seqlens); decorate "
                                      "its forward with xlstm_zoo.packed.packable if its state holds all it carries")
 
-    def _forward(self, x: torch.Tensor, state: tuple | None = None):
+    def _forward(self, x: torch.Tensor, state: tuple | None, doc_starts: torch.Tensor | None):
         if state is None:
             state = (None,) * len(self.blocks)
         else:
             self.check_state(state, x.shape[0], x.dtype)
         new_state = []
         for block, block_state in zip(self.blocks, state):
-            x, block_state = block(x, block_state)
+            x, block_state = block(x, block_state, **packed.passed(doc_starts))
             new_state.append(block_state)
         return self.post_norm(x), tuple(new_state)
 

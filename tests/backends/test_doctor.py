@@ -34,6 +34,9 @@ def test_op_choices_are_the_dispatchers_choices():
     assert rows["rwkv_wkv_sequence"].uses == ("cpp" if compiled else "reference")
     assert rows["rwkv_wkv_step"].uses == "reference"
     assert rows["selective_scan"].uses == ("cpp" if compiled else "reference")
+    # packed rows (doc_starts): a row of their own per op, kernels that keep documents apart
+    assert rows["mlstm_sequence (doc_starts)"].uses == ("cpp" if compiled else "reference")
+    assert rows["causal_conv_silu (doc_starts)"].uses == ("cpp" if compiled else "reference")
     if not torch.cuda.is_available():
         assert rows["mlstm_sequence"].statuses["triton"].startswith("no CUDA GPU is visible")
 
@@ -64,5 +67,7 @@ def test_forced_backend_shows(run_cli, monkeypatch):
     code, out, _ = run_cli("doctor")
     assert code == 0
     rows = {row.op: row.uses for row in op_choices(torch.device("cpu"), torch.float32)}
-    assert set(rows.values()) == {"reference"}, "the environment variable forces every op"
+    # packed calls too: through the reference, each document alone where its kernel does not keep them apart
+    assert {uses.removesuffix(" (each document alone)") for uses in rows.values()} == {"reference"}, \
+        "the environment variable forces every op"
     assert "XLSTM_ZOO_BACKEND" in out and "reference" in out

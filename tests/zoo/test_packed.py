@@ -51,8 +51,14 @@ def flat(state) -> list[torch.Tensor]:
     return []
 
 
-def close(got, want, what):
-    tol = 1e-10 if want.dtype == torch.float64 else 1e-5
+# RetNet's per-head norm right after a document's first tokens amplifies rounding: the same documents run
+# alone in float32 differ from float64 by 3.8e-5 of the logits' scale (and batch 1 from batch 3 as much), so
+# float32 cannot promise 1e-5 there; its float64 run below holds it to 1e-10.
+FP32_TOLERANCE = {"models/retnet": 1e-4}
+
+
+def close(got, want, what, fp32=1e-5):
+    tol = 1e-10 if want.dtype == torch.float64 else fp32
     scale = want.abs().max().item()
     err = (got - want).abs().max().item()
     assert err <= tol * scale + tol / 100, f"{what}: max abs err {err:.3g} > {tol} * {scale:.3g}"
@@ -60,7 +66,7 @@ def close(got, want, what):
 
 @pytest.mark.parametrize("name, dtype", [pytest.param(n, torch.float32, id=f"{n}-fp32") for n in MODELS] + [
     pytest.param(n, torch.float64, id=f"{n}-fp64") for n in ("models/xlstm_1_1", "models/llama", "models/mamba",
-                                                             "models/rwkv")])
+                                                             "models/rwkv", "models/retnet")])
 def test_packed_rows_equal_documents_alone(name, dtype):
     model = build(name, dtype)
     vocab = model.embedding.num_embeddings
@@ -86,13 +92,14 @@ def test_packed_rows_equal_documents_alone(name, dtype):
             alone_logits[row:row + 1, start:end] = out.detach()
         alone_final.append(row_state)
 
-    close(logits.detach(), alone_logits, f"{name}: logits")
+    tol = FP32_TOLERANCE.get(name, 1e-5)
+    close(logits.detach(), alone_logits, f"{name}: logits", tol)
     for row in range(len(STARTS)):
         for i, (a, b) in enumerate(zip(flat(select_rows(final, slice(row, row + 1))), flat(alone_final[row]))):
-            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}")
+            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}", tol)
     for n, p in model.named_parameters():
         if n in packed_grads:
-            close(packed_grads[n], p.grad, f"{name}: grad {n}")
+            close(packed_grads[n], p.grad, f"{name}: grad {n}", tol)
 
 
 def test_cu_seqlens_is_doc_starts_of_one_row():
@@ -234,9 +241,10 @@ def test_conformance_kit_checks_what_a_plugin_declares():
 
 
 @pytest.mark.parametrize("name", ["models/xlstm_1_1", "models/llama", "models/mamba", "models/rwkv", "models/retnet"])
-def test_rows_without_inner_boundaries_are_batched_exactly(name):
-    """From the zero state (state None, as in training) rows whose only start is at 0, or none, run in one
-    batched call (packed.run_documents); mixed with a row of several documents, all equal running alone."""
+def test_blocks_take_packed_rows_whole_from_the_zero_state(name):
+    """From the zero state (state None, as in training) every block takes the whole packed batch in one call
+    (the documents are kept apart inside it), rows with starts at 0 only, none, or several mixed; all equal
+    running each document alone."""
     model = build(name, torch.float64)
     vocab = model.embedding.num_embeddings
     g = torch.Generator().manual_seed(2)
@@ -252,7 +260,7 @@ def test_rows_without_inner_boundaries_are_batched_exactly(name):
     model.zero_grad()
     logits, final = model(tokens, None, doc_starts=mask)
     (logits * weights).sum().backward()
-    assert calls[0] == 3, f"three plain rows batched into one call, got first call of {calls[0]} rows"
+    assert calls == [len(starts)], f"one call of the whole batch, got calls of {calls} rows"
     packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     for row, s in enumerate(starts):
@@ -267,3 +275,59 @@ def test_rows_without_inner_boundaries_are_batched_exactly(name):
     for n, p in model.named_parameters():
         if n in packed_grads:
             close(packed_grads[n], p.grad, f"{name}: grad {n}")
+
+
+def test_packable_batches_the_rows_without_inner_starts():
+    """The per-document fallback runs rows whose only start is at 0 (or none) from the zero state as one batched
+    call, then each document of the other rows on its own."""
+    calls = []
+
+    class Running(torch.nn.Module):
+        @packable
+        def forward(self, x, state=None):
+            calls.append(x.shape[0])
+            out = x.cumsum(1) + (0 if state is None else state[:, None])
+            return out, out[:, -1]
+
+    x = torch.arange(1.0, 25.0).view(4, 6, 1)
+    starts = torch.zeros(4, 6, dtype=torch.bool)
+    starts[0, 0] = starts[2, [0, 4]] = True
+    out, state = Running()(x, doc_starts=starts)
+    assert calls == [3, 1, 1], "rows 0, 1 and 3 batched, then row 2's two documents"
+    assert torch.equal(out[2, 4:, 0], torch.tensor([17.0, 35.0])) and state[2].item() == 35.0
+    assert torch.equal(out[[0, 1, 3]], x[[0, 1, 3]].cumsum(1))
+
+
+@pytest.mark.parametrize("kind, config", [
+    ("mlstm", dict(form="recurrent")), ("mlstm", dict(form="parallel")), ("mlstm", dict(form="chunkwise", chunk_size=4)),
+    ("retention", dict(form="recurrent")), ("retention", dict(form="parallel")),
+    ("retention", dict(form="chunkwise", chunk_size=4)), ("attention", dict(max_cache=32)),
+])
+def test_cells_keep_documents_apart_in_every_form(kind, config):
+    """The cells with boundaries of their own, each form, from a given state, in float64: outputs, final states
+    and all gradients equal each document run alone (documents cross chunks of 4; starts at 0 and T-1)."""
+    from xlstm_zoo.config import BuildContext
+    from xlstm_zoo.config import build as build_component
+    from xlstm_zoo.registry import registry
+
+    torch.manual_seed(0)
+    cell = build_component(registry.get("cell", kind).config(**config), BuildContext(dim=8, path="cell"), "cell")
+    cell = cell.double()
+    x = torch.randn(len(STARTS), T, 8, dtype=torch.float64)
+    with torch.no_grad():
+        _, state = cell(torch.randn(len(STARTS), 3, 8, dtype=torch.float64))
+    weights = torch.randn(len(STARTS), T, 8, dtype=torch.float64)
+    out, final = cell(x, state, doc_starts=packed_mask())
+    (out * weights).sum().backward()
+    packed_grads = {n: p.grad.clone() for n, p in cell.named_parameters()}
+    cell.zero_grad()
+    for row in range(len(STARTS)):
+        row_state = select_rows(state, slice(row, row + 1))
+        for start, end, fresh in documents(row):
+            y, row_state = cell(x[row:row + 1, start:end], None if fresh else row_state)
+            (y * weights[row:row + 1, start:end]).sum().backward()
+            close(out[row:row + 1, start:end].detach(), y.detach(), f"{kind} {config}: row {row} output")
+        for i, (a, b) in enumerate(zip(flat(select_rows(final, slice(row, row + 1))), flat(row_state))):
+            close(a.detach(), b.detach(), f"{kind} {config}: row {row} final state tensor {i}")
+    for n, p in cell.named_parameters():
+        close(packed_grads[n], p.grad, f"{kind} {config}: grad {n}")

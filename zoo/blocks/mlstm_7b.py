@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo import backends as ops
 from xlstm_zoo.blocks.base import Block, build_cell
 from xlstm_zoo.cells.mlstm import MLSTMCell, MLSTMCellConfig
@@ -64,9 +64,9 @@ class MLSTM7BBlock(Block):
         x = x + self.out_proj(y)
         return x + self.mlp(self.mlp_norm(x))
 
-    @packable
-    def forward(self, x, state=None):
-        y, state = self.cell(self.norm(x), state)
+    @packed.native
+    def forward(self, x, state=None, *, doc_starts=None):
+        y, state = self.cell(self.norm(x), state, **packed.passed(doc_starts))
         return self._out(x, y), state
 
     def step(self, x_t, state):

@@ -12,7 +12,7 @@ from typing import Literal
 import torch.nn.functional as F
 from pydantic import Field
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo.blocks.base import Block, ConvBlockState, build_cell, cell_heads
 from xlstm_zoo.cells.slstm import SLSTMCellConfig
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
@@ -51,13 +51,13 @@ class PostUpBlock(Block):
         x = x + self.cell_norm(y)
         return x + self.mlp(self.mlp_norm(x)) if self.mlp is not None else x
 
-    @packable
-    def forward(self, x, state=None):
-        if state is None:
-            state = self.init_state(x.shape[0])
+    @packed.native
+    def forward(self, x, state=None, *, doc_starts=None):
         h = self.norm(x)
-        gate_in, conv_state = (h, None) if self.conv is None else self.conv(h, state.conv, silu=True)
-        y, cell_state = self.cell(gate_in, state.cell, value_input=h)
+        gate_in, conv_state = (h, None) if self.conv is None else self.conv(
+            h, None if state is None else state.conv, silu=True, doc_starts=doc_starts)
+        y, cell_state = self.cell(gate_in, None if state is None else state.cell, value_input=h,
+                                  **packed.passed(doc_starts))
         return self._out(x, y), ConvBlockState(cell_state, conv_state)
 
     def step(self, x_t, state):

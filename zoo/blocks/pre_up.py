@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo.blocks.base import Block, ConvBlockState, build_cell, cell_heads
 from xlstm_zoo.cells.mlstm import MLSTMCellConfig
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
@@ -75,13 +75,12 @@ class PreUpBlock(Block):
         y = (self.cell_norm(y) + self.skip * x_conv) * F.silu(z)
         return x + self.down(y)
 
-    @packable
-    def forward(self, x, state=None):
-        if state is None:
-            state = self.init_state(x.shape[0])
+    @packed.native
+    def forward(self, x, state=None, *, doc_starts=None):
         inner, z = self.up(self.norm(x)).chunk(2, dim=-1)
-        x_conv, conv_state = self.conv(inner, state.conv, silu=True)
-        y, cell_state = self.cell(x_conv, state.cell, value_input=inner)
+        x_conv, conv_state = self.conv(inner, None if state is None else state.conv, silu=True, doc_starts=doc_starts)
+        y, cell_state = self.cell(x_conv, None if state is None else state.cell, value_input=inner,
+                                  **packed.passed(doc_starts))
         return self._out(x, x_conv, z, y), ConvBlockState(cell_state, conv_state)
 
     def step(self, x_t, state):

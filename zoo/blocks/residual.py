@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo.blocks.base import Block, build_cell
 from xlstm_zoo.cells.lstm import LSTMCellConfig
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
@@ -35,9 +35,9 @@ class ResidualBlock(Block):
     def _mlp(self, x):
         return x + self.mlp(self.mlp_norm(x)) if self.mlp is not None else x
 
-    @packable
-    def forward(self, x, state=None):
-        y, state = self.cell(self.norm(x), state)
+    @packed.native
+    def forward(self, x, state=None, *, doc_starts=None):
+        y, state = self.cell(self.norm(x), state, **packed.passed(doc_starts))
         return self._mlp(x + y), state
 
     def step(self, x_t, state):

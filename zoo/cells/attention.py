@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo.cells.base import Cell, merge_heads, split_heads
 from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.errors import ConfigError
@@ -125,25 +125,36 @@ class AttentionCell(Cell):
         group = self.num_heads // self.num_kv_heads
         return t if group == 1 else t.repeat_interleave(group, dim=1)
 
-    def _require_room(self, pos: torch.Tensor, tokens: int) -> None:
+    def _require_room(self, pos: torch.Tensor, tokens: int, positions: torch.Tensor | None = None) -> None:
+        """``pos`` tokens seen and ``tokens`` new must fit the cache; for packed rows, every token's
+        ``positions`` in its document."""
         if torch.compiler.is_exporting() or torch.jit.is_tracing():
             return  # an exported step marks overflow with NaN instead (see step)
+        if positions is not None and positions.numel() and int(positions.max()) >= self.config.max_cache:
+            raise ConfigError(f"attention cache full: a packed document reaches {int(positions.max()) + 1} tokens "
+                              f"> max_cache={self.config.max_cache}; raise max_cache (the longest document plus "
+                              "generation)", path="max_cache")
         seen = int(pos.max()) if pos.numel() else 0
-        if seen + tokens > self.config.max_cache:
+        if positions is None and seen + tokens > self.config.max_cache:
             raise ConfigError(f"attention cache full: {seen} tokens seen + {tokens} new > max_cache="
                               f"{self.config.max_cache}; raise max_cache (the longest sequence plus generation)",
                               path="max_cache")
 
     # -- sequence and step ----------------------------------------------------------------------------
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
+    @packed.native
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
         B, T, _ = x.shape
         M = self.config.max_cache
         kept = torch.promote_types(x.dtype, torch.float32)  # states: fp32 (float64 stays float64)
         pos = x.new_zeros(B, dtype=kept) if state is None else state.pos
-        self._require_room(pos, T)
         positions = pos[:, None] + torch.arange(T, device=x.device, dtype=torch.float32)
+        if doc_starts is not None:
+            offset, fresh = packed.document_positions(doc_starts)
+            positions = torch.where(fresh, offset.to(positions.dtype), positions)  # RoPE restarts with a document
+            self._require_room(pos, T, positions)
+            return self._packed(x, value_input, state, positions, doc_starts, fresh, kept)
+        self._require_room(pos, T)
         q, k, v = self._qkv(x, value_input, positions)
         scale = self.head_dim ** -0.5
         if state is None:  # nothing cached: plain causal attention, and the cache is k, v padded
@@ -163,6 +174,38 @@ class AttentionCell(Cell):
             where = where[:, None, :, None].expand(B, self.num_kv_heads, T, self.head_dim)
             new = AttentionState(state.k.scatter(2, where, k.to(state.k.dtype)), state.v.scatter(2, where, v.to(state.v.dtype)),
                                  pos + T)
+        return self.o(merge_heads(out)), new
+
+    def _packed(self, x, value_input, state, positions, doc_starts, fresh, kept):
+        """Packed rows: each token attends to its own document (causally), and to the cache only in the row's
+        first document when that continues the state; the new cache holds each row's last document."""
+        B, T, _ = x.shape
+        M, Hkv, Dh = self.config.max_cache, self.num_kv_heads, self.head_dim
+        q, k, v = self._qkv(x, value_input, positions)
+        doc = packed.document_ids(doc_starts)
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        mask = (doc[:, :, None] == doc[:, None, :]) & causal                               # [B, T, T]
+        keys, values = k, v
+        if state is not None:
+            slots = torch.arange(M, device=x.device, dtype=torch.float32)
+            cached = (slots[None, None, :] + 0.5 < state.pos[:, None, None]) & ~fresh[:, :, None]  # [B, T, M]
+            mask = torch.cat([cached, mask], dim=-1)
+            keys, values = torch.cat([state.k.to(k.dtype), k], dim=2), torch.cat([state.v.to(v.dtype), v], dim=2)
+        out = F.scaled_dot_product_attention(q, self._grouped(keys), self._grouped(values), attn_mask=mask[:, None],
+                                             scale=self.head_dim ** -0.5)
+        # The last document's keys and values to their slots (the others to a spare slot M, dropped), over the
+        # cache given where that document continues it, else over an empty one.
+        last = doc == doc[:, -1:]
+        where = torch.where(last, positions.round().long(), M)[:, None, :, None].expand(B, Hkv, T, Dh)
+
+        def cache(old, new):  # old: the state's cache or None
+            base = new.new_zeros(B, Hkv, M + 1, Dh, dtype=kept)
+            if old is not None:
+                base[:, :, :M] = old.masked_fill(fresh[:, -1, None, None, None], 0.0)
+            return base.scatter(2, where, new.to(kept))[:, :, :M]
+
+        new = AttentionState(cache(None if state is None else state.k, k), cache(None if state is None else state.v, v),
+                             positions[:, -1] + 1)
         return self.o(merge_heads(out)), new
 
     def step(self, x_t, state, *, value_input=None):

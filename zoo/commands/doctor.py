@@ -29,10 +29,10 @@ def cmd_doctor(args) -> int:
         status = "[green]available[/]" if reason is None else f"[red]unavailable:[/] {escape(reason)}"
         backends.add_row(name, str(backend.priority), status, registry.get("backend", name).source)
     show(backends)
-    kernels = table("kernel", "priority", "devices", "dtypes", "limits",
+    kernels = table("kernel", "priority", "devices", "dtypes", "limits", "boundaries",
                     title="Kernels (declared by each backend; shapes and notes: docs/backends.md)", title_justify="left")
     for row in kernel_rows(registry.instance("backend", n) for n in names):
-        kernels.add_row(row["kernel"], row["priority"], row["devices"], row["dtypes"], row["limits"])
+        kernels.add_row(row["kernel"], row["priority"], row["devices"], row["dtypes"], row["limits"], row["boundaries"])
     show(kernels)
 
     for device, dtype in doctor.targets():
@@ -40,7 +40,8 @@ def cmd_doctor(args) -> int:
         ops = table("op", "uses", *names, title=f"Ops on {device.type} ({str(dtype).removeprefix('torch.')})",
                     title_justify="left")
         for row in rows:
-            cells = [_doctor_cell(row.statuses[n], row.op in registry.instance("backend", n).ops) for n in names]
+            op = row.op.removesuffix(doctor.PACKED)
+            cells = [_doctor_cell(row.statuses[n], op in registry.instance("backend", n).ops) for n in names]
             ops.add_row(row.op, f"[bold]{escape(row.uses)}[/]", *cells)
         show(ops)
     console.print("Force a backend with a cell's [bold]backend:[/] field or XLSTM_ZOO_BACKEND=name.")
@@ -53,6 +54,8 @@ def _doctor_cell(status: str, has_kernel: bool) -> str:
         return "[green]ok[/]"
     if not has_kernel:
         return "[dim]no kernel[/]"
+    if status.startswith("does not keep document boundaries"):
+        return "[yellow]no boundaries[/]"
     if status.startswith("does not support"):
         return "[yellow]unsupported here[/]"
     return "[red]unavailable[/]"
