@@ -72,6 +72,38 @@ def rope_angles(positions: torch.Tensor, head_dim: int, theta: float):
     return angles.cos(), angles.sin()
 
 
+def length_class(n: int) -> int:
+    """The padded length of a document of ``n`` tokens in :func:`document_attention`: the next power of two up
+    to 64, then the next multiple of 64 (the CPU flash kernel's block), so padding costs little compute and the
+    classes stay few."""
+    return 1 << (n - 1).bit_length() if n <= 64 else -(-n // 64) * 64
+
+
+def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_starts: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """Causal attention of each document of packed rows within itself, ``q, k, v [B, H, T, D]`` -> ``[B, H, T, D]``.
+    Documents of one length class (:func:`length_class`) go through one causal call together, each padded at
+    its end by repeating its last token: no real query reads past itself, so the padding is never read.
+    Cheaper than one masked call over the rows, which pays for every pair of the row, not the causal half of
+    each document's (B=4 H=4 T=1024 D=32, 8 documents a row, forward and backward on one loaded core: 0.24 s,
+    the masked call 0.53 s, plain causal attention over the whole rows 0.31 s)."""
+    B, H, T, D = q.shape
+    classes: dict[int, list[tuple[int, int]]] = {}
+    for b in range(B):
+        for start, end, _ in packed.segments(doc_starts[b].cpu()):
+            classes.setdefault(length_class(end - start), []).append((b * T + start, end - start))
+    flat = [t.transpose(1, 2).reshape(B * T, H, D) for t in (q, k, v)]   # [B*T, H, D]
+    out = flat[0].new_zeros(B * T, H, D)
+    for length, docs in classes.items():
+        first, size = torch.tensor(docs, device=q.device).unbind(-1)
+        steps = torch.arange(length, device=q.device)
+        index = first[:, None] + torch.minimum(steps, size[:, None] - 1)  # [docs, length], padding repeats
+        o = F.scaled_dot_product_attention(*(t[index].transpose(1, 2) for t in flat), is_causal=True, scale=scale)
+        real = steps < size[:, None]
+        out = out.index_put((index[real],), o.transpose(1, 2)[real])
+    return out.view(B, T, H, D).transpose(1, 2)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding in the half-split layout: pairs (i, i + Dh/2) turn by their angle."""
     first, second = x.chunk(2, dim=-1)
@@ -183,16 +215,17 @@ class AttentionCell(Cell):
         M, Hkv, Dh = self.config.max_cache, self.num_kv_heads, self.head_dim
         q, k, v = self._qkv(x, value_input, positions)
         doc = packed.document_ids(doc_starts)
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        mask = (doc[:, :, None] == doc[:, None, :]) & causal                               # [B, T, T]
-        keys, values = k, v
-        if state is not None:
+        scale = self.head_dim ** -0.5
+        if state is None or bool(fresh[:, 0].all()):  # nothing cached is read: documents by themselves
+            out = document_attention(q, self._grouped(k), self._grouped(v), doc_starts, scale)
+        else:  # the rows' first documents read the cache: one masked call
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             slots = torch.arange(M, device=x.device, dtype=torch.float32)
             cached = (slots[None, None, :] + 0.5 < state.pos[:, None, None]) & ~fresh[:, :, None]  # [B, T, M]
-            mask = torch.cat([cached, mask], dim=-1)
+            mask = torch.cat([cached, (doc[:, :, None] == doc[:, None, :]) & causal], dim=-1)
             keys, values = torch.cat([state.k.to(k.dtype), k], dim=2), torch.cat([state.v.to(v.dtype), v], dim=2)
-        out = F.scaled_dot_product_attention(q, self._grouped(keys), self._grouped(values), attn_mask=mask[:, None],
-                                             scale=self.head_dim ** -0.5)
+            out = F.scaled_dot_product_attention(q, self._grouped(keys), self._grouped(values), attn_mask=mask[:, None],
+                                                 scale=scale)
         # The last document's keys and values to their slots (the others to a spare slot M, dropped), over the
         # cache given where that document continues it, else over an empty one.
         last = doc == doc[:, -1:]
