@@ -8,6 +8,9 @@ convention (batch 1, ``cu_seqlens`` of cumulative lengths) converts to it with :
 document of each row on its own (its first one from the row's state, the others from the zero state)
 and joining outputs and final states: exact for any module whose state holds everything it carries
 from one token to the next, at the price of one call per document. ``None`` skips all of this.
+:func:`native` instead declares a ``forward`` that keeps the documents apart itself (one call over the whole
+batch; the helpers at the end of this module give per-position views of ``doc_starts`` for that), and
+:func:`passed` passes ``doc_starts`` on to a part only where it is given.
 :func:`reset_rows` puts chosen rows of a state back to the zero state (a server restarting one user).
 """
 

@@ -92,15 +92,26 @@ def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_st
     for b in range(B):
         for start, end, _ in packed.segments(doc_starts[b].cpu()):
             classes.setdefault(length_class(end - start), []).append((b * T + start, end - start))
-    flat = [t.transpose(1, 2).reshape(B * T, H, D) for t in (q, k, v)]   # [B*T, H, D]
-    out = flat[0].new_zeros(B * T, H, D)
+    # One gather of every class's padded documents and one of the real outputs back: index_select's backward
+    # (an index_add into one zero tensor each) costs little; per class, or through t[index], it cost more than
+    # the attention saved.
+    gather, real, blocks = [], [], []
     for length, docs in classes.items():
         first, size = torch.tensor(docs, device=q.device).unbind(-1)
         steps = torch.arange(length, device=q.device)
-        index = first[:, None] + torch.minimum(steps, size[:, None] - 1)  # [docs, length], padding repeats
-        o = F.scaled_dot_product_attention(*(t[index].transpose(1, 2) for t in flat), is_causal=True, scale=scale)
-        real = steps < size[:, None]
-        out = out.index_put((index[real],), o.transpose(1, 2)[real])
+        gather.append((first[:, None] + torch.minimum(steps, size[:, None] - 1)).flatten())  # padding: the last
+        real.append((steps < size[:, None]).flatten())
+        blocks.append((len(docs), length))
+    gather, real = torch.cat(gather), torch.cat(real)
+    sizes = [n * length for n, length in blocks]  # split, not sliced: slices' gradients are full-size zeros each
+    padded = [t.transpose(1, 2).reshape(B * T, H, D).index_select(0, gather).split(sizes) for t in (q, k, v)]
+    outputs = []
+    for (n, length), *qkv in zip(blocks, *padded):
+        o = F.scaled_dot_product_attention(*(t.view(n, length, H, D).transpose(1, 2) for t in qkv), is_causal=True,
+                                           scale=scale)
+        outputs.append(o.transpose(1, 2).reshape(n * length, H, D))
+    kept = real.nonzero().squeeze(1)                         # the real tokens among the padded ones
+    out = torch.cat(outputs).index_select(0, kept[torch.argsort(gather[kept])])  # in their places, 0 .. B*T-1
     return out.view(B, T, H, D).transpose(1, 2)
 
 
