@@ -3,7 +3,8 @@
 For every shipped model recipe: logits, each row's final state (its last document's own final state)
 and every parameter's gradient, with random document lengths (length 1, a document at position 0 and
 one starting at T-1, rows of other layouts), within 1e-5 of the output's scale in fp32 (1e-10 in
-fp64 for one model of each state kind). Then the
+fp64 for one model of each state kind; RetNet in fp64 only, see FP32_MODELS). Every form of the cells
+that keep documents apart themselves, with documents crossing chunks. Then the
 flash-linear-attention form (``cu_seqlens``), ``step(reset=...)``, and the errors for bad input.
 """
 
@@ -51,20 +52,21 @@ def flat(state) -> list[torch.Tensor]:
     return []
 
 
-# RetNet's per-head norm right after a document's first tokens amplifies rounding: the same documents run
-# alone in float32 differ from float64 by 3.8e-5 of the logits' scale (and batch 1 from batch 3 as much), so
-# float32 cannot promise 1e-5 there; its float64 run below holds it to 1e-10.
-FP32_TOLERANCE = {"models/retnet": 1e-4}
+# RetNet (random init) is too ill-conditioned for a float32 comparison on these documents: run alone, without
+# packing, its float32 logits differ from float64 by 3.8e-5 of their scale and its embedding gradient by 73%
+# (the per-head norm of block 1 amplifies rounding 60-fold after document 8-11's first tokens). Float32 would
+# check rounding there, not boundaries; its float64 run holds it to 1e-10.
+FP32_MODELS = [n for n in MODELS if n != "models/retnet"]
 
 
-def close(got, want, what, fp32=1e-5):
-    tol = 1e-10 if want.dtype == torch.float64 else fp32
+def close(got, want, what):
+    tol = 1e-10 if want.dtype == torch.float64 else 1e-5
     scale = want.abs().max().item()
     err = (got - want).abs().max().item()
     assert err <= tol * scale + tol / 100, f"{what}: max abs err {err:.3g} > {tol} * {scale:.3g}"
 
 
-@pytest.mark.parametrize("name, dtype", [pytest.param(n, torch.float32, id=f"{n}-fp32") for n in MODELS] + [
+@pytest.mark.parametrize("name, dtype", [pytest.param(n, torch.float32, id=f"{n}-fp32") for n in FP32_MODELS] + [
     pytest.param(n, torch.float64, id=f"{n}-fp64") for n in ("models/xlstm_1_1", "models/llama", "models/mamba",
                                                              "models/rwkv", "models/retnet")])
 def test_packed_rows_equal_documents_alone(name, dtype):
@@ -92,14 +94,13 @@ def test_packed_rows_equal_documents_alone(name, dtype):
             alone_logits[row:row + 1, start:end] = out.detach()
         alone_final.append(row_state)
 
-    tol = FP32_TOLERANCE.get(name, 1e-5)
-    close(logits.detach(), alone_logits, f"{name}: logits", tol)
+    close(logits.detach(), alone_logits, f"{name}: logits")
     for row in range(len(STARTS)):
         for i, (a, b) in enumerate(zip(flat(select_rows(final, slice(row, row + 1))), flat(alone_final[row]))):
-            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}", tol)
+            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}")
     for n, p in model.named_parameters():
         if n in packed_grads:
-            close(packed_grads[n], p.grad, f"{name}: grad {n}", tol)
+            close(packed_grads[n], p.grad, f"{name}: grad {n}")
 
 
 def test_cu_seqlens_is_doc_starts_of_one_row():
