@@ -112,17 +112,25 @@ def run_documents(forward, x: torch.Tensor, state, doc_starts: torch.Tensor, **r
             idx = torch.tensor(plain, device=x.device)
             extra = {k: None if v is None else v[idx] for k, v in row_inputs.items()}
             y, joint = forward(x[idx], None, **extra)
-            for j, b in enumerate(plain):
-                outputs[b], states[b] = y[j:j + 1], select_rows(joint, slice(j, j + 1))
+            for j, (b, y_b) in enumerate(zip(plain, y.split(1))):
+                outputs[b], states[b] = y_b, select_rows(joint, slice(j, j + 1))
+    # Documents cut with split, not slices: each slice's gradient is a zero tensor the size of the whole input
+    # (for a cell inside a block, 32 documents made 32 such tensors per layer); split's is one concatenation.
+    rows = x.split(1)
+    row_extras = {k: None if v is None else v.split(1) for k, v in row_inputs.items()}
     for b in range(x.shape[0]):
         if outputs[b] is not None:
             continue
-        row_state, pieces = select_rows(state, slice(b, b + 1)), []
-        for start, end, fresh in segments(doc_starts[b]):
-            extra = {k: None if v is None else v[b:b + 1, start:end] for k, v in row_inputs.items()}
-            y, row_state = forward(x[b:b + 1, start:end], None if fresh else row_state, **extra)
-            pieces.append(y)
-        outputs[b], states[b] = torch.cat(pieces, dim=1), row_state
+        docs = segments(doc_starts[b])
+        lengths = [end - start for start, end, _ in docs]
+        pieces = rows[b].split(lengths, dim=1)
+        extras = {k: None if v is None else v[b].split(lengths, dim=1) for k, v in row_extras.items()}
+        row_state, ys = select_rows(state, slice(b, b + 1)), []
+        for i, (_, _, fresh) in enumerate(docs):
+            extra = {k: None if v is None else v[i] for k, v in extras.items()}
+            y, row_state = forward(pieces[i], None if fresh else row_state, **extra)
+            ys.append(y)
+        outputs[b], states[b] = torch.cat(ys, dim=1), row_state
     return torch.cat(outputs, dim=0), join_rows(states)
 
 

@@ -332,3 +332,22 @@ def test_cells_keep_documents_apart_in_every_form(kind, config):
             close(a.detach(), b.detach(), f"{kind} {config}: row {row} final state tensor {i}")
     for n, p in cell.named_parameters():
         close(packed_grads[n], p.grad, f"{kind} {config}: grad {n}")
+
+
+def test_attention_cache_bounds_each_packed_document_not_the_row():
+    """Packed rows need room for their longest document, not for the whole row."""
+    from xlstm_zoo.cells.attention import AttentionCellConfig
+    from xlstm_zoo.config import BuildContext
+    from xlstm_zoo.config import build as build_component
+    from xlstm_zoo.errors import ConfigError
+
+    cell = build_component(AttentionCellConfig(max_cache=8), BuildContext(dim=8, path="cell"), "cell")
+    x = torch.randn(1, 12, 8)
+    starts = torch.zeros(1, 12, dtype=torch.bool)
+    starts[0, [0, 6]] = True
+    _, state = cell(x, doc_starts=starts)  # two documents of 6: each fits
+    assert state.pos.tolist() == [6.0]
+    starts[0, 6] = False
+    starts[0, 3] = True  # a document of 9 tokens does not
+    with pytest.raises(ConfigError, match="a packed document reaches 9 tokens > max_cache=8"):
+        cell(x, doc_starts=starts)

@@ -173,15 +173,17 @@ class AttentionCell(Cell):
         ``positions`` in its document."""
         if torch.compiler.is_exporting() or torch.jit.is_tracing():
             return  # an exported step marks overflow with NaN instead (see step)
-        if positions is not None and positions.numel() and int(positions.max()) >= self.config.max_cache:
-            raise ConfigError(f"attention cache full: a packed document reaches {int(positions.max()) + 1} tokens "
-                              f"> max_cache={self.config.max_cache}; raise max_cache (the longest document plus "
-                              "generation)", path="max_cache")
+        M = self.config.max_cache
+        if positions is not None:  # packed: each document fills the cache from its own start
+            reached = int(positions.max()) + 1 if positions.numel() else 0
+            if reached > M:
+                raise ConfigError(f"attention cache full: a packed document reaches {reached} tokens > max_cache={M}; "
+                                  "raise max_cache (the longest document plus generation)", path="max_cache")
+            return
         seen = int(pos.max()) if pos.numel() else 0
-        if positions is None and seen + tokens > self.config.max_cache:
-            raise ConfigError(f"attention cache full: {seen} tokens seen + {tokens} new > max_cache="
-                              f"{self.config.max_cache}; raise max_cache (the longest sequence plus generation)",
-                              path="max_cache")
+        if seen + tokens > M:
+            raise ConfigError(f"attention cache full: {seen} tokens seen + {tokens} new > max_cache={M}; raise "
+                              "max_cache (the longest sequence plus generation)", path="max_cache")
 
     # -- sequence and step ----------------------------------------------------------------------------
 
