@@ -10,11 +10,14 @@ Gate pre-activations go in raw; ``gates`` says how each becomes a log gate
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
+from xlstm_zoo import packed
 from xlstm_zoo.backends.block_step import BlockStepSizes, BlockStepWeights, mlstm7b_block_step
-from xlstm_zoo.backends.dispatch import TRACED_KERNELS, Backend, explain, select, traced_op
+from xlstm_zoo.backends.dispatch import TRACED_KERNELS, Backend, explain, select, select_packed, traced_op
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
 from xlstm_zoo.backends.kernel import custom_op, exporting, readable, tracing
 from xlstm_zoo.backends.reference import KERNELS as _REFERENCE
@@ -37,18 +40,41 @@ __all__ = [
 
 def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
                    qk_scale: float | None = None, eps: float = 1e-6, form: str = "chunkwise", chunk_size: int = 64,
-                   backend: str | None = None) -> tuple[torch.Tensor, MLSTMState]:
+                   backend: str | None = None, doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, MLSTMState]:
     """mLSTM over a sequence. ``q, k [B,H,T,Dk]``, ``v [B,H,T,Dv]``, ``i_pre, f_pre [B,H,T]``.
 
     Returns ``h [B,H,T,Dv]`` (dtype of ``v``) and the final state. ``qk_scale`` defaults to
     ``Dk ** -0.5`` and multiplies ``q``. ``form`` is one of ``recurrent``, ``parallel``, ``chunkwise``
-    (all exact; chunkwise is linear in T). Any T; ``state=None`` means the zero state.
+    (all exact; chunkwise is linear in T). Any T; ``state=None`` means the zero state. ``doc_starts [B, T]``
+    (bool): packed rows, a document starting from the zero state where True (:mod:`xlstm_zoo.packed`);
+    the final state is each row's last document's.
     """
     if form not in MLSTM_FORMS:
         raise ValueError(f"unknown mLSTM form {form!r}; allowed: {', '.join(MLSTM_FORMS)}")
-    impl = select("mlstm_sequence", q.device, q.dtype, force=backend, form=form, chunk_size=chunk_size)
-    return impl.ops["mlstm_sequence"](q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps,
-                                      form=form, chunk_size=chunk_size)
+    if doc_starts is None:
+        impl = select("mlstm_sequence", q.device, q.dtype, force=backend, form=form, chunk_size=chunk_size)
+        return impl.ops["mlstm_sequence"](q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps,
+                                          form=form, chunk_size=chunk_size)
+    starts = packed.check_doc_starts(doc_starts, q.shape[0], q.shape[2], q.device)
+    impl, native = select_packed("mlstm_sequence", q.device, q.dtype, force=backend, form=form, chunk_size=chunk_size)
+    run = functools.partial(impl.ops["mlstm_sequence"], gates=gates, qk_scale=qk_scale, eps=eps, form=form,
+                            chunk_size=chunk_size)
+    if native:
+        return run(q, k, v, i_pre, f_pre, state, doc_starts=starts)
+    return _per_document(run, starts, state, q, k, v, i_pre, f_pre)
+
+
+def _per_document(run, doc_starts, state, *heads_first):
+    """``run(*heads_first, state) -> (out, state)`` over each document of each row on its own: packed rows
+    on a backend whose kernel does not keep documents apart. Tensors ``[B, H, T, ...]``, out likewise."""
+    def one(x, state, **rest):
+        out, state = run(x.transpose(1, 2), *(t.transpose(1, 2) for t in rest.values()), state)
+        return out.transpose(1, 2), state
+
+    time_second = [t.transpose(1, 2) for t in heads_first]
+    rest = {f"input{i}": t for i, t in enumerate(time_second[1:])}
+    out, state = packed.run_documents(one, time_second[0], state, doc_starts.cpu(), **rest)
+    return out.transpose(1, 2), state
 
 
 def mlstm_step(q, k, v, i_pre, f_pre, state: MLSTMState | None, *, gates: GateSchemes = GateSchemes(),
@@ -248,15 +274,19 @@ def gelu_gate(u) -> torch.Tensor:
     return _gated("gelu_gate", u)
 
 
-def causal_conv_silu(x, state, weight, bias) -> torch.Tensor:
+def causal_conv_silu(x, state, weight, bias, doc_starts=None) -> torch.Tensor:
     """``silu(bias + sum_k weight[:, k] * [state, x][:, t + k])``: a causal depthwise conv over time, then SiLU;
-    ``x [B, T, C]``, ``state [B, K-1, C]`` (the inputs before x), ``weight [C, K]``, ``bias [C]``."""
+    ``x [B, T, C]``, ``state [B, K-1, C]`` (the inputs before x), ``weight [C, K]``, ``bias [C]``. ``doc_starts
+    [B, T]`` (bool): packed documents; no tap reads across the start of its step's document (zeros there)."""
     ok = (x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2] and bias.shape == (x.shape[2],)
           and state.shape == (x.shape[0], weight.shape[1] - 1, x.shape[2]))
     _require("causal_conv_silu", ok, lambda: (
         f"x {_shape(x)}, state {_shape(state)}, weight {_shape(weight)}, bias {_shape(bias)}",
         "x [B, T, C], state [B, K-1, C], weight [C, K], bias [C]"))
-    return _layer("causal_conv_silu", x, state, weight, bias)(x, state, weight, bias)
+    if doc_starts is None:
+        return _layer("causal_conv_silu", x, state, weight, bias)(x, state, weight, bias)
+    starts = packed.check_doc_starts(doc_starts, x.shape[0], x.shape[1], x.device)
+    return _layer("causal_conv_silu", x, state, weight, bias, doc_starts=True)(x, state, weight, bias, starts)
 
 
 def block_diagonal(x, weight, bias=None) -> torch.Tensor:

@@ -22,7 +22,8 @@ import torch
 from xlstm_zoo.backends.kernel import STRICT_FORCE_OPS, Backend, Kernel
 from xlstm_zoo.errors import BackendError
 
-__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "forced", "select", "TRACED_KERNELS", "traced_op"]
+__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "forced", "select", "select_packed",
+           "TRACED_KERNELS", "traced_op"]
 
 ENV_FORCE = "XLSTM_ZOO_BACKEND"
 
@@ -132,6 +133,21 @@ def traced_op(op: str, device_type: str, dtype_name: str, force: str | None = No
                     TRACED_KERNELS[kernel.traced_op] = kernel
                     return kernel.traced_op
     return ""
+
+
+def select_packed(op: str, device: torch.device, dtype: torch.dtype, *, force: str | None = None,
+                  **options) -> tuple[Backend, bool]:
+    """For a call over packed rows (``doc_starts``): the backend, and whether it keeps the documents apart itself.
+    Unforced, the highest-priority backend whose kernel does, else the unpacked call's choice; forced, the
+    forced backend. Where the backend does not keep them apart, the op runs each document on its own through it."""
+    force = force or forced()
+    if force is None:
+        try:
+            return select(op, device, dtype, doc_starts=True, **options), True
+        except BackendError:  # no kernel of this op keeps documents apart here
+            return select(op, device, dtype, **options), False
+    chosen = select(op, device, dtype, force=force, **options)
+    return chosen, chosen.supports(op, device, dtype, doc_starts=True, **options)
 
 
 def explain(op: str, device: torch.device, dtype: torch.dtype, **options) -> list[tuple[str, int, str]]:

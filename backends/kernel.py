@@ -154,6 +154,8 @@ class Kernel:
     def __post_init__(self):
         if (self.op, self.form) not in SHAPES:
             raise ValueError(f"kernel {self.name}: unknown op form; known: {', '.join(f'{o}.{f}' for o, f in SHAPES)}")
+        if self.doc_starts and (self.op not in BOUNDARY_OPS or self.form == "step"):
+            raise ValueError(f"kernel {self.name}: declares document boundaries, but {self.op}.{self.form} sees no sequence")
 
     @property
     def name(self) -> str:

@@ -13,6 +13,7 @@ from torch import nn
 from xlstm_zoo import backends as ops
 from xlstm_zoo.backends.reference.layers import causal_conv
 from xlstm_zoo.config import AddedField, ZooConfig
+from xlstm_zoo.packed import document_positions, takes_doc_starts
 
 
 class BlockDiagonalLinear(nn.Module):
@@ -82,20 +83,32 @@ class CausalConv1d(nn.Module):
     def init_state(self, batch: int, device=None) -> torch.Tensor:
         return torch.zeros(batch, self.kernel_size - 1, self.weight.shape[0], dtype=torch.float32, device=device)
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None,
-                silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, new_state)``; with ``silu`` y is ``silu(conv(x))`` (the ``causal_conv_silu`` op)."""
+    @takes_doc_starts
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, silu: bool = False, *,
+                doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y, new_state)``; with ``silu`` y is ``silu(conv(x))`` (the ``causal_conv_silu`` op). ``doc_starts
+        [B, T]`` (bool): packed documents, whose windows never reach into the document before."""
         if state is None:
             state = self.init_state(x.shape[0], x.device)
-        y = (ops.causal_conv_silu if silu else causal_conv)(x, state, self.weight, self.bias)
-        return y, self._next_state(x, state)
+        if doc_starts is None:
+            y = (ops.causal_conv_silu if silu else causal_conv)(x, state, self.weight, self.bias)
+        else:
+            y = (ops.causal_conv_silu if silu else causal_conv)(x, state, self.weight, self.bias, doc_starts)
+        return y, self._next_state(x, state, doc_starts)
 
-    def _next_state(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """The last kernel_size - 1 inputs of [state, x] (a kernel of 1 keeps none)."""
+    def _next_state(self, x: torch.Tensor, state: torch.Tensor, doc_starts: torch.Tensor | None = None) -> torch.Tensor:
+        """The last kernel_size - 1 inputs of [state, x] (a kernel of 1 keeps none); with ``doc_starts``, those
+        before the last document's start are zeros (that document began from the zero state)."""
         keep = self.kernel_size - 1
         if x.shape[1] >= keep:
-            return x[:, x.shape[1] - keep:].to(torch.float32, copy=True)  # not a view that would hold x
-        return torch.cat([state.to(x.dtype), x], dim=1)[:, x.shape[1]:].float()  # as the window rounds them
+            new = x[:, x.shape[1] - keep:].to(torch.float32, copy=True)  # not a view that would hold x
+        else:
+            new = torch.cat([state.to(x.dtype), x], dim=1)[:, x.shape[1]:].float()  # as the window rounds them
+        if doc_starts is None or not x.shape[1]:
+            return new
+        offset, fresh = document_positions(doc_starts.to(x.device))
+        held = torch.where(fresh[:, -1], offset[:, -1] + 1, keep)  # inputs of the last document, at most keep
+        return new * (torch.arange(keep, device=x.device) >= keep - held[:, None]).unsqueeze(-1)
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         window = torch.cat([state.to(x_t.dtype), x_t.unsqueeze(1)], dim=1)  # [B, K, C]

@@ -22,8 +22,9 @@ import torch
 from xlstm_zoo.errors import InputError
 
 
-def check_doc_starts(doc_starts, batch: int, length: int) -> torch.Tensor:
-    """``doc_starts`` as a bool tensor ``[batch, length]`` on the CPU, or an :class:`InputError` saying what is wrong."""
+def check_doc_starts(doc_starts, batch: int, length: int, device=None) -> torch.Tensor:
+    """``doc_starts`` as a bool tensor ``[batch, length]`` on ``device`` (None: the CPU), or an :class:`InputError`
+    saying what is wrong."""
     if not isinstance(doc_starts, torch.Tensor):
         raise InputError(f"doc_starts must be a bool tensor [B, T], got a {type(doc_starts).__name__}")
     if doc_starts.dtype != torch.bool:
@@ -32,7 +33,7 @@ def check_doc_starts(doc_starts, batch: int, length: int) -> torch.Tensor:
     if tuple(doc_starts.shape) != (batch, length):
         raise InputError(f"doc_starts has shape {tuple(doc_starts.shape)}, but the input is {batch} rows of "
                          f"{length} positions: it must be [{batch}, {length}]")
-    return doc_starts.detach().cpu()
+    return doc_starts.detach().to("cpu" if device is None else device)
 
 
 def doc_starts_from_cu_seqlens(cu_seqlens, batch: int, length: int) -> torch.Tensor:
@@ -187,7 +188,7 @@ def takes_doc_starts(forward):
     @functools.wraps(forward)
     def wrapper(self, x, state=None, *, doc_starts=None, **kwargs):
         if doc_starts is not None:
-            doc_starts = check_doc_starts(doc_starts, x.shape[0], x.shape[1])
+            doc_starts = check_doc_starts(doc_starts, x.shape[0], x.shape[1], x.device)
         return forward(self, x, state, doc_starts=doc_starts, **kwargs)
 
     wrapper.packable = True
@@ -231,3 +232,32 @@ def reset_rows(state, zero_state, reset: torch.Tensor):
     if isinstance(state, (tuple, list)):
         return type(state)(reset_rows(s, z, reset) for s, z in zip(state, zero_state))
     return state
+
+
+# -- per-position views of doc_starts, for modules that keep documents apart themselves ----------------------
+
+def document_ids(starts: torch.Tensor) -> torch.Tensor:
+    """``starts [..., T]`` -> the number of document starts at or before each position (int64): two positions
+    share a document where these are equal, and 0 marks the row's first document when it continues a state."""
+    return starts.cumsum(-1)
+
+
+def document_positions(starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``starts [..., T]`` -> ``(offset, fresh)``: each position's distance from the start of its document
+    (from the row's position 0 in the row's first document where no start precedes it), and whether a
+    start lies at or before it (False: that first document, which continues the state given)."""
+    t = torch.arange(starts.shape[-1], device=starts.device)
+    last = torch.where(starts, t, -1).cummax(-1).values
+    return t - last.clamp(min=0), last >= 0
+
+
+def segment_cumsum(x: torch.Tensor, starts: torch.Tensor, *, reverse: bool = False) -> torch.Tensor:
+    """Sums of ``x [..., T]`` over each position's document up to it (``reverse``: from it to the document's
+    end), restarting at every start of ``starts`` (broadcastable to ``x``). Plain sums over a ``[T, T]`` mask,
+    never differences of prefix sums (which cancel badly for long rows): for the short axes it serves (a
+    chunk, or a sequence whose ``T x T`` matrix exists anyway)."""
+    doc = document_ids(starts)
+    t = torch.arange(x.shape[-1], device=x.device)
+    order = t[None, :] >= t[:, None] if reverse else t[None, :] <= t[:, None]  # [t, r]: r counts for row t
+    keep = (doc.unsqueeze(-1) == doc.unsqueeze(-2)) & order
+    return (x.unsqueeze(-2) * keep).sum(-1)

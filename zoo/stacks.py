@@ -147,12 +147,12 @@ class Stack(nn.Module):
 
     def forward(self, x: torch.Tensor, state: tuple | None = None, *, doc_starts: torch.Tensor | None = None):
         """``x [B, T, dim]`` -> ``[B, T, dim]``, final state. ``doc_starts [B, T]`` (bool): documents
-        packed in a row start where it is True, each from the zero state (xlstm_zoo.packed)."""
-        if doc_starts is None:
-            return self._forward(x, state)
-        starts = packed.check_doc_starts(doc_starts, x.shape[0], x.shape[1])
-        self.check_packable()
-        return self._forward(x, state, starts)
+        packed in a row start where it is True, each from the zero state (xlstm_zoo.packed); every block
+        keeps them apart (a part without native support runs each of its documents on its own)."""
+        if doc_starts is not None:
+            doc_starts = packed.check_doc_starts(doc_starts, x.shape[0], x.shape[1], x.device)
+            self.check_packable()
+        return self._forward(x, state, doc_starts)
 
     def check_packable(self) -> None:
         """An :class:`InputError` naming the first block or cell that does not declare document boundaries."""

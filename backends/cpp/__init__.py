@@ -29,9 +29,9 @@ __all__ = ["CppBuildWarning", "KERNELS", "cpp_backend"]
 MLSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (gradcheck) stays on the reference
 
 KERNELS = (
-    Kernel("mlstm", "chunkwise", "cpp", mlstm_sequence, devices=("cpu",), dtypes=MLSTM_DTYPES,
-           notes="float32 with a (batch, head) row per thread: the whole form in C++, one thread per row, "
-                 "forward and backward; else the per-chunk steps in C++, computed in float32"),
+    Kernel("mlstm", "chunkwise", "cpp", mlstm_sequence, devices=("cpu",), dtypes=MLSTM_DTYPES, doc_starts=True,
+           notes="float32 with a (batch, head) row per thread, or packed rows: the whole form in C++, one thread "
+                 "per row, forward and backward; else the per-chunk steps in C++, computed in float32"),
     Kernel("mlstm", "step", "cpp", mlstm_step, devices=("cpu",), dtypes=(torch.float32,),
            notes="one fused pass per (batch, head) row; with autograd the reference step"),
     Kernel("slstm", "sequence", "cpp", slstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES, doc_starts=True,

@@ -5,7 +5,10 @@
 // shifted views, a cat and the SiLU, each a pass over [B, T, C]; the backward twice as many.
 //
 // x is read through its row stride (the conv's input is often a half of the up-projection's output); the
-// state, the output and the gradients are contiguous. Work is split into blocks of kSteps time steps of
+// state, the output and the gradients are contiguous. Packed rows: reach [B, T] (null: none) says how many
+// inputs before step t belong to its document (K - 1 or more: all the window), so tap k, which reads the
+// input K - 1 - k steps back, counts only where reach >= K - 1 - k (the inputs of an earlier document are
+// zeros to it, as the zero state is to a document run alone). Work is split into blocks of kSteps time steps of
 // one sequence; the weight's and bias's gradients are summed per block, then over the blocks in order, so
 // the result does not depend on the thread count.
 
@@ -23,8 +26,11 @@ struct Conv {
     const float *x, *state, *bias;
     const float* taps;  // w transposed to [K, C], so that the loops over channels read it contiguously
     int64_t x_stride, B, T, C, K;
+    const int32_t* reach;  // [B, T] or null
 
     int64_t time_blocks() const { return (T + kSteps - 1) / kSteps; }
+    // The first tap that step t of sequence b reads (0 unless a document starts within its window).
+    int64_t first_tap(int64_t b, int64_t t) const { return reach ? std::max<int64_t>(0, K - 1 - reach[b * T + t]) : 0; }
     // Row i of xw for sequence b: in the state for i < K - 1, else in x.
     const float* window_row(int64_t b, int64_t i) const {
         return i < K - 1 ? state + (b * (K - 1) + i) * C : x + (b * T + i - (K - 1)) * x_stride;
@@ -45,7 +51,7 @@ std::vector<float> transposed_taps(const float* w, int64_t C, int64_t K) {
 // s for step t of sequence b, into s[C].
 __attribute__((noinline)) void preactivation(const Conv& p, int64_t b, int64_t t, float* __restrict s) {
     std::copy(p.bias, p.bias + p.C, s);
-    for (int64_t k = 0; k < p.K; ++k) {
+    for (int64_t k = p.first_tap(b, t); k < p.K; ++k) {
         const float *__restrict row = p.window_row(b, t + k), *__restrict tap = p.taps + k * p.C;
         XLSTM_ZOO_SIMD
         for (int64_t c = 0; c < p.C; ++c) s[c] += tap[c] * row[c];
@@ -78,7 +84,7 @@ __attribute__((noinline)) void gradient_steps(const Conv& p, int64_t b, int64_t 
         }
         XLSTM_ZOO_SIMD
         for (int64_t c = 0; c < C; ++c) dbias[c] += dsr[c];
-        for (int64_t k = 0; k < p.K; ++k) {
+        for (int64_t k = p.first_tap(b, t); k < p.K; ++k) {
             const float* __restrict row = p.window_row(b, t + k);
             float* __restrict dtap = dwt + k * C;
             XLSTM_ZOO_SIMD
@@ -88,11 +94,12 @@ __attribute__((noinline)) void gradient_steps(const Conv& p, int64_t b, int64_t 
 }
 
 // dxw row i (i = K - 1 + t for x's step t, i < K - 1 for the state's rows) = sum_k w[k] ds[i - k] over the
-// steps i - k in [0, T).
+// steps i - k in [0, T) whose tap k reads it.
 __attribute__((noinline)) void input_gradient_row(const Conv& p, const float* ds, int64_t b, int64_t i,
                                                   float* __restrict out) {
     std::fill(out, out + p.C, 0.0f);
     for (int64_t k = std::max<int64_t>(0, i - (p.T - 1)); k <= std::min(i, p.K - 1); ++k) {
+        if (k < p.first_tap(b, i - k)) continue;
         const float *__restrict dsr = ds + (b * p.T + i - k) * p.C, *__restrict tap = p.taps + k * p.C;
         XLSTM_ZOO_SIMD
         for (int64_t c = 0; c < p.C; ++c) out[c] += tap[c] * dsr[c];
@@ -114,10 +121,11 @@ void over_blocks(const Conv& p, int64_t threads, const Body& body) {
 }  // namespace
 
 extern "C" void xlstm_zoo_causal_conv_silu_forward_f32(const float* x, int64_t x_stride, const float* state,
-                                                       const float* w, const float* bias, float* y, int64_t B,
-                                                       int64_t T, int64_t C, int64_t K, int64_t threads) {
+                                                       const float* w, const float* bias, const int32_t* reach,
+                                                       float* y, int64_t B, int64_t T, int64_t C, int64_t K,
+                                                       int64_t threads) {
     const std::vector<float> wt = transposed_taps(w, C, K);
-    const Conv p{x, state, bias, wt.data(), x_stride, B, T, C, K};
+    const Conv p{x, state, bias, wt.data(), x_stride, B, T, C, K, reach};
     over_blocks(p, threads, [&](int64_t, int64_t b, int64_t first, int64_t end, float* s) {
         forward_steps(p, b, first, end, s, y);
     });
@@ -125,12 +133,12 @@ extern "C" void xlstm_zoo_causal_conv_silu_forward_f32(const float* x, int64_t x
 
 // ds [B, T, C] is scratch; dx is dxw's last T rows, dstate (optional: null) its first K - 1.
 extern "C" void xlstm_zoo_causal_conv_silu_backward_f32(const float* x, int64_t x_stride, const float* state,
-                                                        const float* w, const float* bias, const float* dy,
-                                                        float* ds, float* dx, float* dstate, float* dw, float* db,
-                                                        int64_t B, int64_t T, int64_t C, int64_t K,
-                                                        int64_t threads) {
+                                                        const float* w, const float* bias, const int32_t* reach,
+                                                        const float* dy, float* ds, float* dx, float* dstate,
+                                                        float* dw, float* db, int64_t B, int64_t T, int64_t C,
+                                                        int64_t K, int64_t threads) {
     const std::vector<float> wt = transposed_taps(w, C, K);
-    const Conv p{x, state, bias, wt.data(), x_stride, B, T, C, K};
+    const Conv p{x, state, bias, wt.data(), x_stride, B, T, C, K, reach};
     const int64_t blocks = B * p.time_blocks();
     std::vector<float> dwt_blocks(blocks * K * C, 0.0f), db_blocks(blocks * C, 0.0f);
     over_blocks(p, threads, [&](int64_t block, int64_t b, int64_t first, int64_t end, float* s) {

@@ -41,8 +41,8 @@ c_entry("mlstm_chunk_forward_f32", "ptr*12 i64*4 f32 i64")
 c_entry("mlstm_chunk_backward_f32", "ptr*21 i64*4 f32 i64")
 c_entry("mlstm_chunk_sums_forward_f32", "ptr*5 i64*5")
 c_entry("mlstm_chunk_sums_backward_f32", "ptr*8 i64*5")
-c_entry("mlstm_sequence_forward_f32", "ptr*19 i64*6 f32 f32 i64")
-c_entry("mlstm_sequence_backward_f32", "ptr*25 i64*6 f32 f32 i64")
+c_entry("mlstm_sequence_forward_f32", "ptr*20 i64*6 f32 f32 i64")
+c_entry("mlstm_sequence_backward_f32", "ptr*26 i64*6 f32 f32 i64")
 c_entry("mlstm_step_f32", "ptr*12 i64*3 f32 f32 int int i64")
 
 
@@ -161,8 +161,10 @@ def _strides(q, k, v) -> torch.Tensor:
     return torch.tensor([x.stride(i) for x in (q, k, v) for i in range(3)], dtype=torch.int64)
 
 
-def _sequence_call(q, k, v, log_i, log_f, C0, n0, m0, scale: float, eps: float, chunk_size: int, *, keep: bool):
-    """The compiled forward: ``h`` and the final state, and (``keep``) what the backward reads."""
+def _sequence_call(q, k, v, log_i, log_f, starts, C0, n0, m0, scale: float, eps: float, chunk_size: int, *,
+                   keep: bool):
+    """The compiled forward: ``h`` and the final state, and (``keep``) what the backward reads. ``starts``:
+    contiguous bool ``[B, T]`` document starts, or None."""
     B, H, T, Dk = q.shape
     Dv, NC = v.shape[-1], -(-T // chunk_size)
     strides = _strides(q, k, v)  # bound to a local: a temporary's pointer would dangle by the time of the call
@@ -170,16 +172,18 @@ def _sequence_call(q, k, v, log_i, log_f, C0, n0, m0, scale: float, eps: float, 
     kept = (q.new_empty(B, H, NC, Dk, Dv), q.new_empty(B, H, NC, Dk), q.new_empty(B, H, NC),
             q.new_empty(B, H, NC, chunk_size, chunk_size), q.new_empty(B, H, T), q.new_empty(B, H, T)) if keep else None
     library().xlstm_zoo_mlstm_sequence_forward_f32(
-        *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f, C0, n0, m0, h, C, n, m)),
+        *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f)), pointer(starts),
+        *(t.data_ptr() for t in (C0, n0, m0, h, C, n, m)),
         *(pointer(t) for t in (kept or (None,) * 6)), B, H, T, chunk_size, Dk, Dv, scale, eps, torch.get_num_threads())
     return (h, C, n, m), kept
 
 
 class _CppSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, log_i, log_f, C0, n0, m0, scale, eps, chunk_size):
-        outputs, kept = _sequence_call(q, k, v, log_i, log_f, C0, n0, m0, scale, eps, chunk_size, keep=True)
+    def forward(ctx, q, k, v, log_i, log_f, starts, C0, n0, m0, scale, eps, chunk_size):
+        outputs, kept = _sequence_call(q, k, v, log_i, log_f, starts, C0, n0, m0, scale, eps, chunk_size, keep=True)
         ctx.settings = (scale, eps, chunk_size)
+        ctx.starts = starts
         ctx.save_for_backward(q, k, v, log_i, log_f, outputs[0], *kept)
         ctx.set_materialize_grads(False)  # no gradient on the final state: null pointers, not zeros
         return outputs
@@ -199,23 +203,27 @@ class _CppSequence(torch.autograd.Function):
         dlog_i, dlog_f = torch.empty_like(log_i), torch.empty_like(log_f)
         dC0, dn0, dm0 = q.new_empty(B, H, Dk, Dv), q.new_empty(B, H, Dk), q.new_empty(B, H)
         library().xlstm_zoo_mlstm_sequence_backward_f32(
-            *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f, h, *kept, dh)), *map(pointer, (dC, dn, dm)),
+            *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f)), pointer(ctx.starts),
+            *(t.data_ptr() for t in (h, *kept, dh)), *map(pointer, (dC, dn, dm)),
             *(t.data_ptr() for t in (dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0)), B, H, T, chunk_size, Dk, Dv, scale,
             eps, torch.get_num_threads())
-        return dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0, None, None, None
+        return dq, dk, dv, dlog_i, dlog_f, None, dC0, dn0, dm0, None, None, None
 
 
-def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: float, chunk_size: int):
+def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: float, chunk_size: int,
+              doc_starts=None):
     """The chunkwise form as one compiled call (``mlstm_chunk.cpp``: Sequence): each (batch, head) row's chunks
     in order on one thread, the running state carried in cache; with autograd, a compiled backward the same
-    way, chunks in reverse."""
+    way, chunks in reverse. ``doc_starts [B, T]``: packed documents, kept apart inside the chunks."""
     check_shapes(q, k, v, i_pre, f_pre, time_axis=True)
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
     q, k, v = map(_in_place, (q, k, v))
     log_i, log_f = (log_gate(pre, scheme).contiguous() for pre, scheme in ((i_pre, gates.input), (f_pre, gates.forget)))
     C0, n0, m0 = map(_flat, initial_state(state, (B, H), Dk, Dv, torch.float32, q.device))
-    inputs = (q, k, v, log_i, log_f, C0, n0, m0, Dk ** -0.5 if qk_scale is None else qk_scale, eps, chunk_size)
+    starts = None if doc_starts is None else doc_starts.to(device=q.device, dtype=torch.bool).contiguous()
+    inputs = (q, k, v, log_i, log_f, starts, C0, n0, m0, Dk ** -0.5 if qk_scale is None else qk_scale, eps,
+              chunk_size)
     if _wants_grad(q, k, v, log_i, log_f, C0, n0, m0):
         h, C, n, m = _CppSequence.apply(*inputs)
     else:
@@ -228,16 +236,20 @@ def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: f
 ONE_CALL_MAX_STATE = 128 * 128
 
 
-def _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates: GateSchemes, form: str, chunk_size) -> bool:
+def _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates: GateSchemes, form: str, chunk_size,
+                            packed: bool = False) -> bool:
     """float32 CPU tensors and the chunkwise form, with rows enough to keep the threads busy: at least one
     (batch, head) row per thread; or a single chunk (the per-chunk kernels would split nothing more); or
     at least half the threads busy with rows of at most :data:`ONE_CALL_MAX_STATE` (the per-chunk kernels
-    pay more in their own passes than the idle threads would give). Everything else (and every bad
-    input, for its error) goes the reference way."""
+    pay more in their own passes than the idle threads would give); or ``packed`` rows, which only this
+    kernel keeps apart in compiled code. Everything else (and every bad input, for its error) goes the
+    reference way."""
     tensors = (q, k, v, i_pre, f_pre, *(state if state is not None else ()))
     if not (form == "chunkwise" and type(chunk_size) is int and chunk_size >= 1 and set(gates) <= set(GATE_SCHEMES)
             and _compiled(*tensors) and q.dim() == 4 and q.shape[2] > 0 and v.dim() == 4):
         return False
+    if packed:
+        return True
     rows, threads = q.shape[0] * q.shape[1], torch.get_num_threads()
     return (rows >= threads or q.shape[2] <= chunk_size
             or (2 * rows >= threads and q.shape[3] * v.shape[3] <= ONE_CALL_MAX_STATE))
@@ -245,13 +257,15 @@ def _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates: GateSchemes, fo
 
 def mlstm_sequence(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),
                    qk_scale: float | None = None, eps: float = 1e-6, form: str = "chunkwise",
-                   chunk_size: int = 64) -> tuple[torch.Tensor, MLSTMState]:
+                   chunk_size: int = 64, doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, MLSTMState]:
     """The chunkwise form as one compiled call where :func:`_sequence_kernel_serves`; else the reference
-    ``mlstm_sequence`` with the compiled per-chunk steps."""
-    if _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates, form, chunk_size):
-        return _sequence(q, k, v, i_pre, f_pre, state, gates, qk_scale, eps, chunk_size)
+    ``mlstm_sequence`` with the compiled per-chunk steps (the reference's own for packed rows)."""
+    packed = doc_starts is not None
+    if _sequence_kernel_serves(q, k, v, i_pre, f_pre, state, gates, form, chunk_size, packed):
+        return _sequence(q, k, v, i_pre, f_pre, state, gates, qk_scale, eps, chunk_size, doc_starts)
     return reference_sequence(q, k, v, i_pre, f_pre, state, gates=gates, qk_scale=qk_scale, eps=eps, form=form,
-                              chunk_size=chunk_size, kernels=KERNELS)
+                              chunk_size=chunk_size, kernels=ChunkKernels() if packed else KERNELS,
+                              doc_starts=doc_starts)
 
 
 def mlstm_step(q, k, v, i_pre, f_pre, state: MLSTMState | None = None, *, gates: GateSchemes = GateSchemes(),

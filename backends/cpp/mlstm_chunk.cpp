@@ -14,6 +14,11 @@
 // The maths, including where the function is not smooth (ties of the stabiliser's maxima, the readout
 // floor), is that of chunkwise_backward.py and parallel.py; the Python side's docstrings say why.
 // Layout per block: q, k [L, Dk], v [L, Dv], log_i, log_f [L], C0 [Dk, Dv], n0 [Dk], m0 [1]; row-major.
+//
+// Packed rows (the whole form only): `starts` [L] per chunk (null: none) marks where a document begins from
+// the zero state (C = n = 0, m = 0). Within a chunk a row's decay matrix spans its own document's columns, its
+// initial-state term is the chunk's entering state only before the chunk's first start (else the zero state:
+// weight 0, stabiliser 0), and only the chunk's last document reaches the state after it.
 #include "block_gemm.h"
 #include "loops.h"
 
@@ -29,10 +34,11 @@ struct Sizes {
     float eps;
 };
 
-// The block's decay matrix: x = log D - m (row stabiliser m), d = exp(x) (0 above the diagonal), and
-// the initial state's log weight minus m (lw0x) and weight (w0). Returns nothing; fills the buffers.
+// The block's decay matrix: x = log D - m (row stabiliser m), d = exp(x) (0 above the diagonal and left of
+// the row's document), and the initial state's log weight minus m (lw0x) and weight (w0, 0 in a document
+// begun in the chunk). Returns nothing; fills the buffers.
 void decay(const Sizes& s, const float* log_i, const float* log_f, float m0, float* x, float* d, float* m,
-           float* lw0x, float* w0, double* seg) {
+           float* lw0x, float* w0, double* seg, const uint8_t* starts) {
     const int64_t L = s.L;
     // Segment sums sum_{r=s+1..t} log f_r (column s, row t) as running sums down each column, no
     // differences of prefix sums; accumulated in double as torch's CPU cumsum does. Row t is row t-1 plus
@@ -48,16 +54,23 @@ void decay(const Sizes& s, const float* log_i, const float* log_f, float m0, flo
         }
         xr[t] = log_i[t];
     }
-    double acc = 0.0;
+    double acc = 0.0;  // the initial (or zero) state's log decay, summed from its document's start
+    int64_t first = 0;  // the row's first column in its document
+    bool fresh = false;  // a document began in the chunk at or before the row: the zero state is its initial one
     for (int64_t t = 0; t < L; ++t) {
+        if (starts && starts[t]) acc = 0.0, first = t, fresh = true;
         acc += log_f[t];
-        const float log_w0 = static_cast<float>(acc) + m0;
+        const float log_w0 = static_cast<float>(acc) + (fresh ? 0.0f : m0);
         float* xr = x + t * L;
-        const float mt = xlstm_zoo::nan_max(xlstm_zoo::nan_max_over(xr, t + 1, kNegInf), log_w0);
+        const float mt = xlstm_zoo::nan_max(xlstm_zoo::nan_max_over(xr + first, t + 1 - first, kNegInf), log_w0);
         m[t] = mt;
         float* dr = d + t * L;
+        for (int64_t c = 0; c < first; ++c) {
+            xr[c] = kNegInf;
+            dr[c] = 0.0f;
+        }
         XLSTM_ZOO_SIMD
-        for (int64_t c = 0; c <= t; ++c) {
+        for (int64_t c = first; c <= t; ++c) {
             xr[c] -= mt;
             dr[c] = xlstm_zoo::vexp(xr[c]);
         }
@@ -66,7 +79,7 @@ void decay(const Sizes& s, const float* log_i, const float* log_f, float m0, flo
             dr[c] = 0.0f;
         }
         lw0x[t] = log_w0 - mt;
-        w0[t] = std::exp(lw0x[t]);
+        w0[t] = fresh ? 0.0f : std::exp(lw0x[t]);
     }
 }
 
@@ -118,10 +131,10 @@ void state_terms(const Sizes& s, const float* q, const float* n0, Workspace& w) 
 // denominator [L] and the scores [L, L] that the backward reads.
 void chunk_forward(const Sizes& s, const float* q, const float* k, const float* v, const float* log_i,
                    const float* log_f, const float* C0, const float* n0, float m0, float* h, float* qn, float* den,
-                   float* scores, Workspace& w) {
+                   float* scores, Workspace& w, const uint8_t* starts = nullptr) {
     const int L = s.L, Dk = s.Dk, Dv = s.Dv;
     float* m = w.m.data();
-    decay(s, log_i, log_f, m0, w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
+    decay(s, log_i, log_f, m0, w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data(), starts);
     compute_scores(s, q, k, scores, w);
     state_terms(s, q, n0, w);
     // num = w0 * (q C0) + scores v, accumulated in h
@@ -161,6 +174,7 @@ struct Backward {
     const float *q, *k, *v, *log_i, *log_f, *C0, *n0, *m0, *h, *qn, *den, *dh;
     const float* scores;  // the forward's [L, L] per block
     float *dq, *dk, *dv, *dlog_i, *dlog_f, *dC0, *dn0, *dm0;
+    const uint8_t* starts = nullptr;  // the chunk's document starts [L] (null: none)
 };
 
 // The pointers of block b of a call's blocks (each block's tensors stored one after another).
@@ -183,7 +197,8 @@ void chunk_backward(const Backward& p, Workspace& w) {
     const float *h = p.h, *qn = p.qn, *den = p.den, *dh = p.dh;
     float *dq = p.dq, *dk = p.dk, *dv = p.dv, *dlog_i = p.dlog_i, *dlog_f = p.dlog_f, *dC0 = p.dC0, *dn0 = p.dn0;
     float* m = w.m.data();  // the row stabiliser, recomputed as in the forward
-    decay(s, p.log_i, p.log_f, p.m0[0], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data());
+    decay(s, p.log_i, p.log_f, p.m0[0], w.x.data(), w.d.data(), m, w.lw0x.data(), w.w0.data(), w.seg.data(),
+          p.starts);
     const float* scores = p.scores;
     state_terms(s, q, n0, w);
     const float *x = w.x.data(), *d = w.d.data(), *w0 = w.w0.data();
@@ -265,9 +280,17 @@ void chunk_backward(const Backward& p, Workspace& w) {
     // log D_ts = sum_{s<r<=t} log f_r + log i_s: dlog_i_s = sum_t g_ts; dlog_f_r = sum_{t>=r} sum_{s<r} g_ts,
     // plus the initial state's log weight sum_{r<=t} log f_r + m0. Both from the column sums over the rows
     // t >= r, U_s = sum_{t>=r} g_ts, taken row by row from the bottom (plain sums, vectorised over s).
+    // With documents a row's initial weight sums log f from its document's start (the suffix restarts above
+    // each start), and m0 is in the rows before the chunk's first start only.
     double* U = w.col_sums.data();
     std::fill(U, U + L, 0.0);
     double suffix = 0.0, dm0 = 0.0;
+    int first_start = L;
+    for (int r = 0; p.starts && r < L; ++r)
+        if (p.starts[r]) {
+            first_start = r;
+            break;
+        }
     for (int r = L - 1; r >= 0; --r) {
         const float* gr = g + int64_t(r) * L;
         XLSTM_ZOO_SIMD
@@ -277,7 +300,8 @@ void chunk_backward(const Backward& p, Workspace& w) {
         for (int c = 0; c < r; ++c) left += U[c];
         suffix += d_lw0[r];
         dlog_f[r] = static_cast<float>(suffix + left);
-        dm0 += d_lw0[r];
+        if (r < first_start) dm0 += d_lw0[r];
+        if (p.starts && p.starts[r]) suffix = 0.0;
     }
     for (int c = 0; c < L; ++c) dlog_i[c] = static_cast<float>(U[c]);
     p.dm0[0] = static_cast<float>(dm0);
@@ -354,8 +378,10 @@ struct Sequence {
     // dv contiguous [rows, T, D]; dlog_i, dlog_f [rows, T]; the initial state's).
     const float *dh, *dC, *dn, *dm;
     float *dq, *dk, *dv, *dlog_i, *dlog_f, *dC0, *dn0, *dm0;
+    const uint8_t* starts;  // document starts [B, T] (null: none), the same for every head of a batch row
 
     int64_t chunks() const { return (T + s.L - 1) / s.L; }
+    const uint8_t* chunk_starts(int64_t row, int64_t t0) const { return starts ? starts + row / heads * T + t0 : nullptr; }
 };
 
 struct SequenceWorkspace {
@@ -384,33 +410,45 @@ void gather_chunk(const float* x, const int64_t* stride, int64_t b, int64_t head
 
 // The carry step's factors. With a_t = exp(log i_t + sum_{r>t} log f_r) and F = sum_r log f_r, the state
 // after the chunk is m' = max(m + F, max_t log a_t), C' = keep C + sum_t e_t k_t v_t^T (n' likewise) with
-// keep = exp(m + F - m') and e_t = exp(log a_t - m'). log_a and e are left in the workspace.
+// keep = exp(m + F - m') and e_t = exp(log a_t - m'). log_a and e are left in the workspace. A chunk with a
+// document start (`first`: its last one, 0 for none) carries the zero state (m 0, keep 0) into its last
+// document, which alone reaches the state after it: F and the a_t run over t >= first, e_t = 0 before.
 struct Carry {
     float decayed, a_max, m_new, keep;
+    int first;     // the first position that reaches the state after the chunk
+    bool started;  // a document starts in the chunk: the entering state does not reach the state after it
 };
 
-Carry carry_factors(int L, const float* log_i, const float* log_f, float m, SequenceWorkspace& sw) {
+Carry carry_factors(int L, const float* log_i, const float* log_f, float m, SequenceWorkspace& sw,
+                    const uint8_t* starts) {
+    Carry c;
+    c.first = 0, c.started = false;
+    for (int t = L - 1; starts && t >= 0; --t)
+        if (starts[t]) {
+            c.first = t, c.started = true;
+            break;
+        }
     float* log_a = sw.log_a.data();
     double to_end = 0.0;  // suffix sums in double, as decay() and torch's cumsum
     float a_max = kNegInf;
-    for (int t = L - 1; t >= 0; --t) {
+    for (int t = L - 1; t >= c.first; --t) {
         log_a[t] = static_cast<float>(to_end) + log_i[t];
         a_max = xlstm_zoo::nan_max(a_max, log_a[t]);
         to_end += log_f[t];
     }
-    Carry c;
-    c.decayed = m + static_cast<float>(to_end);
+    for (int t = 0; t < c.first; ++t) log_a[t] = kNegInf;
+    c.decayed = (c.started ? 0.0f : m) + static_cast<float>(to_end);
     c.a_max = a_max;
     c.m_new = xlstm_zoo::nan_max(c.decayed, a_max);
-    c.keep = std::exp(c.decayed - c.m_new);
+    c.keep = c.started ? 0.0f : std::exp(c.decayed - c.m_new);
     for (int t = 0; t < L; ++t) sw.e[t] = std::exp(log_a[t] - c.m_new);
     return c;
 }
 
 void carry_state(const Sizes& s, const float* k, const float* v, const float* log_i, const float* log_f, float* C,
-                 float* n, float& m, SequenceWorkspace& sw) {
+                 float* n, float& m, SequenceWorkspace& sw, const uint8_t* starts) {
     const int L = s.L, Dk = s.Dk, Dv = s.Dv;
-    const Carry c = carry_factors(L, log_i, log_f, m, sw);
+    const Carry c = carry_factors(L, log_i, log_f, m, sw, starts);
     float* k_w = sw.w.G.data();
     for (int i = 0; i < Dk; ++i) n[i] *= c.keep;
     for (int t = 0; t < L; ++t) {
@@ -429,9 +467,9 @@ void carry_state(const Sizes& s, const float* k, const float* v, const float* lo
 // of the state before it: C, n its values, m its stabiliser). Adds to the chunk's dk, dv, dlog_i, dlog_f.
 void carry_backward(const Sizes& s, const float* k, const float* v, const float* log_i, const float* log_f,
                     const float* C, const float* n, float m, float* dC, float* dn, float& dm, float* dk, float* dv,
-                    float* dlog_i, float* dlog_f, SequenceWorkspace& sw) {
+                    float* dlog_i, float* dlog_f, SequenceWorkspace& sw, const uint8_t* starts) {
     const int L = s.L, Dk = s.Dk, Dv = s.Dv;
-    const Carry c = carry_factors(L, log_i, log_f, m, sw);
+    const Carry c = carry_factors(L, log_i, log_f, m, sw, starts);
     const float *e = sw.e.data(), *log_a = sw.log_a.data();
     float d_keep = dot(dn, n, Dk);
     XLSTM_ZOO_SIMD_REDUCE(+ : d_keep)
@@ -465,17 +503,18 @@ void carry_backward(const Sizes& s, const float* k, const float* v, const float*
         for (int t = 0; t < L; ++t) count += log_a[t] == c.a_max;
         for (int t = 0; t < L; ++t) d_log_a[t] += log_a[t] == c.a_max ? split / count : 0.0f;
     }
-    // log a_t = log i_t + sum_{r>t} log f_r; m + F = m + sum_r log f_r.
+    // log a_t = log i_t + sum_{r>t} log f_r; m + F = m + sum_r log f_r (both over r >= first; d log a_t = 0
+    // before first).
     double below = 0.0;  // sum_{t<r} d log a_t
     for (int r = 0; r < L; ++r) {
         dlog_i[r] += d_log_a[r];
-        dlog_f[r] += static_cast<float>(below) + d_decayed;
+        dlog_f[r] += static_cast<float>(below) + (r >= c.first ? d_decayed : 0.0f);
         below += d_log_a[r];
     }
     XLSTM_ZOO_SIMD
     for (int64_t i = 0; i < int64_t(Dk) * Dv; ++i) dC[i] *= c.keep;
     for (int i = 0; i < Dk; ++i) dn[i] *= c.keep;
-    dm = d_decayed;
+    dm = c.started ? 0.0f : d_decayed;  // after a start the entering m is not in m + F
 }
 
 void gather_row_chunk(const Sequence& p, int64_t row, int64_t t0, int L, SequenceWorkspace& sw) {
@@ -502,11 +541,12 @@ void sequence_row(const Sequence& p, int64_t row, SequenceWorkspace& sw) {
             std::copy(n, n + Dk, p.n_in + at * Dk);
             p.m_in[at] = m;
         }
+        const uint8_t* starts = p.chunk_starts(row, t0);
         chunk_forward(s, sw.q.data(), sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C, n, m,
                       p.h + (row * T + t0) * Dv, keep ? p.qn + row * T + t0 : sw.qn.data(),
                       keep ? p.den + row * T + t0 : sw.den.data(),
-                      keep ? p.scores + at * L_full * L_full : sw.w.scores.data(), sw.w);
-        carry_state(s, sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C, n, m, sw);
+                      keep ? p.scores + at * L_full * L_full : sw.w.scores.data(), sw.w, starts);
+        carry_state(s, sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C, n, m, sw, starts);
     }
     p.m[row] = m;
 }
@@ -529,13 +569,15 @@ void sequence_backward_row(const Sequence& p, int64_t row, SequenceWorkspace& sw
         // The core first (its gradients are written), then the carry's added; the entering state's
         // gradient is the core's plus the carry's.
         float dm0 = 0.0f;
+        const uint8_t* starts = p.chunk_starts(row, t0);
         const Backward b{s, sw.q.data(), sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C_in, n_in,
                          p.m_in + at, p.h + (row * T + t0) * Dv, p.qn + row * T + t0, p.den + row * T + t0,
                          p.dh + (row * T + t0) * Dv, p.scores + at * L_full * L_full, sw.dq.data(), sw.dk.data(),
-                         sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw.dC0.data(), sw.dn0.data(), &dm0};
+                         sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw.dC0.data(), sw.dn0.data(), &dm0,
+                         starts};
         chunk_backward(b, sw.w);
         carry_backward(s, sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C_in, n_in, p.m_in[at], dC, dn, dm,
-                       sw.dk.data(), sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw);
+                       sw.dk.data(), sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw, starts);
         for (int64_t i = 0; i < Dk * Dv; ++i) dC[i] += sw.dC0[i];
         for (int64_t i = 0; i < Dk; ++i) dn[i] += sw.dn0[i];
         dm += dm0;
@@ -553,11 +595,12 @@ void sequence_backward_row(const Sequence& p, int64_t row, SequenceWorkspace& sw
 
 // Sequence.q, k, v and their strides (q, k, v: batch, head and time each), sizes and settings, the rest null.
 Sequence sequence_call(const float* q, const float* k, const float* v, const int64_t* strides, const float* log_i,
-                       const float* log_f, int64_t batch, int64_t heads, int64_t T, int64_t L, int64_t Dk, int64_t Dv,
-                       float scale, float eps) {
+                       const float* log_f, const uint8_t* starts, int64_t batch, int64_t heads, int64_t T, int64_t L,
+                       int64_t Dk, int64_t Dv, float scale, float eps) {
     Sequence p{};
     p.s = {batch * heads, L, Dk, Dv, eps};
     p.heads = heads, p.T = T, p.q = q, p.k = k, p.v = v, p.scale = scale, p.log_i = log_i, p.log_f = log_f;
+    p.starts = starts;
     std::copy(strides, strides + 3, p.q_stride);
     std::copy(strides + 3, strides + 6, p.k_stride);
     std::copy(strides + 6, strides + 9, p.v_stride);
@@ -585,14 +628,15 @@ void xlstm_zoo_mlstm_chunk_forward_f32(const float* q, const float* k, const flo
     run_blocks(p, forward_block, false, threads);
 }
 
-// The forward; C_in .. den null for inference (nothing kept), else sized as Sequence says.
+// The forward; C_in .. den null for inference (nothing kept), else sized as Sequence says; starts [B, T] or null.
 void xlstm_zoo_mlstm_sequence_forward_f32(const float* q, const float* k, const float* v, const int64_t* strides,
-                                          const float* log_i, const float* log_f, const float* C0, const float* n0,
+                                          const float* log_i, const float* log_f, const uint8_t* starts,
+                                          const float* C0, const float* n0,
                                           const float* m0, float* h, float* C, float* n, float* m, float* C_in,
                                           float* n_in, float* m_in, float* scores, float* qn, float* den,
                                           int64_t batch, int64_t heads, int64_t T, int64_t L, int64_t Dk, int64_t Dv,
                                           float scale, float eps, int64_t threads) {
-    Sequence p = sequence_call(q, k, v, strides, log_i, log_f, batch, heads, T, L, Dk, Dv, scale, eps);
+    Sequence p = sequence_call(q, k, v, strides, log_i, log_f, starts, batch, heads, T, L, Dk, Dv, scale, eps);
     p.C0 = C0, p.n0 = n0, p.m0 = m0, p.h = h, p.C = C, p.n = n, p.m = m;
     p.C_in = C_in, p.n_in = n_in, p.m_in = m_in, p.scores = scores, p.qn = qn, p.den = den;
     run_blocks(p, sequence_row, false, threads);
@@ -600,14 +644,15 @@ void xlstm_zoo_mlstm_sequence_forward_f32(const float* q, const float* k, const 
 
 // The backward of a forward that kept C_in .. den; dC, dn, dm may be null (no gradient on the final state).
 void xlstm_zoo_mlstm_sequence_backward_f32(const float* q, const float* k, const float* v, const int64_t* strides,
-                                           const float* log_i, const float* log_f, const float* h, const float* C_in,
+                                           const float* log_i, const float* log_f, const uint8_t* starts,
+                                           const float* h, const float* C_in,
                                            const float* n_in, const float* m_in, const float* scores,
                                            const float* qn, const float* den, const float* dh, const float* dC,
                                            const float* dn, const float* dm, float* dq, float* dk, float* dv,
                                            float* dlog_i, float* dlog_f, float* dC0, float* dn0, float* dm0,
                                            int64_t batch, int64_t heads, int64_t T, int64_t L, int64_t Dk,
                                            int64_t Dv, float scale, float eps, int64_t threads) {
-    Sequence p = sequence_call(q, k, v, strides, log_i, log_f, batch, heads, T, L, Dk, Dv, scale, eps);
+    Sequence p = sequence_call(q, k, v, strides, log_i, log_f, starts, batch, heads, T, L, Dk, Dv, scale, eps);
     p.h = const_cast<float*>(h);  // read only here
     p.C_in = const_cast<float*>(C_in), p.n_in = const_cast<float*>(n_in), p.m_in = const_cast<float*>(m_in);
     p.scores = const_cast<float*>(scores), p.qn = const_cast<float*>(qn), p.den = const_cast<float*>(den);

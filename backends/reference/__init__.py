@@ -12,9 +12,9 @@ from xlstm_zoo.backends.reference.selective_scan import selective_scan
 from xlstm_zoo.backends.reference.slstm import slstm_sequence, slstm_step
 
 KERNELS = (
-    Kernel("mlstm", "chunkwise", "reference", mlstm_sequence, notes="linear in T; any chunk size"),
-    Kernel("mlstm", "parallel", "reference", mlstm_sequence, notes="T x T decay matrix"),
-    Kernel("mlstm", "recurrent", "reference", mlstm_sequence, notes="a loop of the step"),
+    Kernel("mlstm", "chunkwise", "reference", mlstm_sequence, doc_starts=True, notes="linear in T; any chunk size"),
+    Kernel("mlstm", "parallel", "reference", mlstm_sequence, doc_starts=True, notes="T x T decay matrix"),
+    Kernel("mlstm", "recurrent", "reference", mlstm_sequence, doc_starts=True, notes="a loop of the step"),
     Kernel("mlstm", "step", "reference", mlstm_step),
     Kernel("slstm", "sequence", "reference", slstm_sequence, doc_starts=True),
     Kernel("slstm", "step", "reference", slstm_step),
@@ -29,7 +29,7 @@ KERNELS = (
     Kernel("linear", "step", "reference", F.linear, notes="torch.nn.functional.linear"),
     Kernel("mlstm7b_block", "step", "reference", mlstm7b_block_step,
            notes="what the block's modules compute: there the op returns None and the block runs them"),
-    *(Kernel(op, "layer", "reference", getattr(layers, op)) for op in (
+    *(Kernel(op, "layer", "reference", getattr(layers, op), doc_starts=op == "causal_conv_silu") for op in (
         "rms_norm", "head_norm", "head_norm_gate", "soft_cap", "silu_gate", "gelu_gate", "causal_conv_silu",
         "block_diagonal")),
     Kernel("selective_scan", "chunked", "reference", selective_scan, doc_starts=True,

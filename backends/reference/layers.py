@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from xlstm_zoo.packed import document_positions
+
 __all__ = ["block_diagonal", "causal_conv", "causal_conv_silu", "gelu_gate", "grouped_norm", "head_norm", "head_norm_gate",
            "rms_norm", "silu_gate", "soft_cap"]
 
@@ -62,20 +64,30 @@ def gelu_gate(u: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate) * up
 
 
-def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                doc_starts: torch.Tensor | None = None) -> torch.Tensor:
     """``bias + sum_k weight[:, k] * [state, x][:, t + k]`` for ``x [B, T, C]``, ``state [B, K-1, C]``. A sum of K
     shifted products rather than F.conv1d: oneDNN's depthwise conv (and above all its backward) costs several
-    times more at these widths."""
+    times more at these widths. ``doc_starts [B, T]`` (bool): packed documents; a tap that would read across the
+    start of its step's document reads zeros (the zero state of that document run alone)."""
     window = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
-    T, weight = x.shape[1], weight.to(x.dtype)
-    y = torch.addcmul(bias.to(x.dtype), window[:, :T], weight[:, 0])
-    for k in range(1, weight.shape[1]):
-        y = torch.addcmul(y, window[:, k:k + T], weight[:, k])
+    T, K, weight = x.shape[1], weight.shape[1], weight.to(x.dtype)
+    reach = None
+    if doc_starts is not None:  # inputs before each step within its document (the first one continues the state)
+        offset, fresh = document_positions(doc_starts.to(x.device))
+        reach = torch.where(fresh, offset, K)
+    y = bias.to(x.dtype)
+    for k in range(K):
+        taps = window[:, k:k + T]
+        if reach is not None and k < K - 1:  # tap k reads K - 1 - k steps back
+            taps = taps * (reach >= K - 1 - k).unsqueeze(-1).to(x.dtype)
+        y = torch.addcmul(y, taps, weight[:, k])
     return y
 
 
-def causal_conv_silu(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return F.silu(causal_conv(x, state, weight, bias))
+def causal_conv_silu(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     doc_starts: torch.Tensor | None = None) -> torch.Tensor:
+    return F.silu(causal_conv(x, state, weight, bias, doc_starts))
 
 
 def block_diagonal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Document boundaries in the kernels: every kernel that declares ``doc_starts`` (``Kernel.doc_starts``) runs a
-packed batch exactly as it runs each document alone.
+"""Document boundaries in the recurrent kernels: every kernel that declares ``doc_starts`` (``Kernel.doc_starts``)
+runs a packed batch exactly as it runs each document alone (mLSTM and causal conv: test_packed_mlstm_conv.py).
 
 For each such kernel that runs here: rows packed from documents of random lengths (length 1, a start at 0 and
 at T-1, a row without boundaries, documents across the chunk boundaries of the chunked forms and of the compiled
@@ -147,7 +147,7 @@ OPS = {
 }
 
 BACKENDS = builtin_backends()
-PACKED = [(b, k) for b in BACKENDS for k in b.kernels if k.doc_starts]
+PACKED = [(b, k) for b in BACKENDS for k in b.kernels if k.doc_starts and (k.op, k.form) in OPS]
 # (kernel, dtype, wide heads): float64 where the kernel takes it, else float32; the C++ LSTM loops run a batched
 # float32 path for heads of 16 units and more (here 20: a full and a partial block of units), so that runs too.
 CASES = [pytest.param(b, k, torch.float64 if not k.dtypes or torch.float64 in k.dtypes else torch.float32, False,
@@ -229,8 +229,9 @@ def _check_packed(kernel: Kernel, dtype: torch.dtype, wide: bool, device=torch.d
 
 
 def test_every_packed_kernel_has_a_case():
-    assert {(k.op, k.form) for _, k in PACKED} <= set(OPS)
-    assert {k.op for _, k in PACKED} <= set(BOUNDARY_OPS)
+    declared = {(k.op, k.form) for b in BACKENDS for k in b.kernels if k.doc_starts}
+    assert {op for op, _ in declared} <= set(BOUNDARY_OPS)
+    assert {(op, form) for op, form in declared if op not in ("mlstm", "causal_conv_silu")} <= set(OPS)
 
 
 class _NoBoundariesConfig(ZooConfig):

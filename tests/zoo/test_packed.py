@@ -3,9 +3,8 @@
 For every shipped model recipe: logits, each row's final state (its last document's own final state)
 and every parameter's gradient, with random document lengths (length 1, a document at position 0 and
 one starting at T-1, rows of other layouts), within 1e-5 of the output's scale in fp32 (1e-10 in
-fp64 for one model of each state kind). The path is the one a model takes: the sLSTM, LSTM, Mamba and
-RWKV cells hand ``doc_starts`` to their ops (the kernels restart rows; each kernel alone:
-tests/backends/test_packed_kernels.py), the other parts run each document on their own. Then the
+fp64 for one model of each state kind; RetNet in fp64 only, see FP32_MODELS). Every form of the cells
+that keep documents apart themselves, with documents crossing chunks. Then the
 flash-linear-attention form (``cu_seqlens``), ``step(reset=...)``, and the errors for bad input.
 """
 
@@ -16,7 +15,7 @@ import torch
 
 import xlstm_zoo
 from xlstm_zoo.errors import InputError
-from xlstm_zoo.packed import packable, run_documents, select_rows
+from xlstm_zoo.packed import packable, select_rows
 from xlstm_zoo.recipe import shipped_recipes
 
 MODELS = sorted(r for r in shipped_recipes() if r.startswith("models/"))
@@ -53,23 +52,23 @@ def flat(state) -> list[torch.Tensor]:
     return []
 
 
-# float32, where rounding alone exceeds 1e-5: RetNet amplifies the rounding of its projections, whose GEMMs block
-# differently for a packed batch and for one document (one document of 6 tokens alone vs as a row of a batch of
-# 3, no packing at all: logits 1.4e-6 apart; packed vs alone: logits 4.4e-6, gradients 5.0e-5 of their scale).
-# In float64 it agrees within 1e-10: the maths is exact.
-FP32_TOLERANCE = {"models/retnet": 2e-4}
+# RetNet (random init) is too ill-conditioned for a float32 comparison on these documents: run alone, without
+# packing, its float32 logits differ from float64 by 3.8e-5 of their scale and its embedding gradient by 73%
+# (the per-head norm of block 1 amplifies rounding 60-fold after document 8-11's first tokens). Float32 would
+# check rounding there, not boundaries; its float64 run holds it to 1e-10.
+FP32_MODELS = [n for n in MODELS if n != "models/retnet"]
 
 
-def close(got, want, what, fp32_tol=1e-5):
-    tol = 1e-10 if want.dtype == torch.float64 else fp32_tol
+def close(got, want, what):
+    tol = 1e-10 if want.dtype == torch.float64 else 1e-5
     scale = want.abs().max().item()
     err = (got - want).abs().max().item()
     assert err <= tol * scale + tol / 100, f"{what}: max abs err {err:.3g} > {tol} * {scale:.3g}"
 
 
-@pytest.mark.parametrize("name, dtype", [pytest.param(n, torch.float32, id=f"{n}-fp32") for n in MODELS] + [
+@pytest.mark.parametrize("name, dtype", [pytest.param(n, torch.float32, id=f"{n}-fp32") for n in FP32_MODELS] + [
     pytest.param(n, torch.float64, id=f"{n}-fp64") for n in ("models/xlstm_1_1", "models/llama", "models/mamba",
-                                                             "models/rwkv")])
+                                                             "models/rwkv", "models/retnet")])
 def test_packed_rows_equal_documents_alone(name, dtype):
     model = build(name, dtype)
     vocab = model.embedding.num_embeddings
@@ -95,14 +94,13 @@ def test_packed_rows_equal_documents_alone(name, dtype):
             alone_logits[row:row + 1, start:end] = out.detach()
         alone_final.append(row_state)
 
-    tol = FP32_TOLERANCE.get(name, 1e-5)
-    close(logits.detach(), alone_logits, f"{name}: logits", tol)
+    close(logits.detach(), alone_logits, f"{name}: logits")
     for row in range(len(STARTS)):
         for i, (a, b) in enumerate(zip(flat(select_rows(final, slice(row, row + 1))), flat(alone_final[row]))):
-            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}", tol)
+            close(a.detach(), b.detach(), f"{name}: row {row} final state tensor {i}")
     for n, p in model.named_parameters():
         if n in packed_grads:
-            close(packed_grads[n], p.grad, f"{name}: grad {n}", tol)
+            close(packed_grads[n], p.grad, f"{name}: grad {n}")
 
 
 def test_cu_seqlens_is_doc_starts_of_one_row():
@@ -243,27 +241,11 @@ def test_conformance_kit_checks_what_a_plugin_declares():
         check_sequence_module(Ignores(), make, lambda x, t: x[:, t], extreme=None)
 
 
-def test_run_documents_batches_rows_without_inner_starts():
-    """The per-document fallback (packed.run_documents), from the zero state (state None, as in training): rows
-    whose only start is at 0, or none, run in one batched call, the others one call per document."""
-    calls = []
-
-    def forward(x, state):
-        calls.append((x.shape[0], x.shape[1], state is None))
-        return x.cumsum(1), x.sum(1)
-
-    starts = torch.zeros(4, T, dtype=torch.bool)
-    starts[0, 0] = starts[2, [0, 4, 17]] = True
-    y, final = run_documents(forward, torch.ones(4, T, 1), None, starts)
-    assert calls == [(3, T, True), (1, 4, True), (1, 13, True), (1, T - 17, True)]
-    assert y[2, :, 0].tolist() == [*range(1, 5), *range(1, 14), *range(1, T - 16)]
-    assert final[:, 0].tolist() == [T, T, T - 17, T]
-
-
 @pytest.mark.parametrize("name", ["models/xlstm_1_1", "models/llama", "models/mamba", "models/rwkv", "models/retnet"])
-def test_rows_without_inner_boundaries_are_batched_exactly(name):
-    """From the zero state (state None, as in training), rows whose only start is at 0, or none, mixed with a
-    row of several documents: all equal running alone."""
+def test_blocks_take_packed_rows_whole_from_the_zero_state(name):
+    """From the zero state (state None, as in training) every block takes the whole packed batch in one call
+    (the documents are kept apart inside it), rows with starts at 0 only, none, or several mixed; all equal
+    running each document alone."""
     model = build(name, torch.float64)
     vocab = model.embedding.num_embeddings
     g = torch.Generator().manual_seed(2)
@@ -273,9 +255,13 @@ def test_rows_without_inner_boundaries_are_batched_exactly(name):
         mask[row, s] = True
     tokens = torch.randint(0, vocab, (len(starts), T), generator=g)
     weights = torch.randn(len(starts), T, vocab, generator=g, dtype=torch.float64)
+    calls = []
+    block = model.stack.blocks[0]
+    block.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
     model.zero_grad()
     logits, final = model(tokens, None, doc_starts=mask)
     (logits * weights).sum().backward()
+    assert calls == [len(starts)], f"one call of the whole batch, got calls of {calls} rows"
     packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     for row, s in enumerate(starts):
@@ -290,3 +276,78 @@ def test_rows_without_inner_boundaries_are_batched_exactly(name):
     for n, p in model.named_parameters():
         if n in packed_grads:
             close(packed_grads[n], p.grad, f"{name}: grad {n}")
+
+
+def test_packable_batches_the_rows_without_inner_starts():
+    """The per-document fallback runs rows whose only start is at 0 (or none) from the zero state as one batched
+    call, then each document of the other rows on its own."""
+    calls = []
+
+    class Running(torch.nn.Module):
+        @packable
+        def forward(self, x, state=None):
+            calls.append(x.shape[0])
+            out = x.cumsum(1) + (0 if state is None else state[:, None])
+            return out, out[:, -1]
+
+    x = torch.arange(1.0, 25.0).view(4, 6, 1)
+    starts = torch.zeros(4, 6, dtype=torch.bool)
+    starts[0, 0] = starts[2, [0, 4]] = True
+    out, state = Running()(x, doc_starts=starts)
+    assert calls == [3, 1, 1], "rows 0, 1 and 3 batched, then row 2's two documents"
+    assert torch.equal(out[2, 4:, 0], torch.tensor([17.0, 35.0])) and state[2].item() == 35.0
+    assert torch.equal(out[[0, 1, 3]], x[[0, 1, 3]].cumsum(1))
+
+
+@pytest.mark.parametrize("kind, config", [
+    ("mlstm", dict(form="recurrent")), ("mlstm", dict(form="parallel")), ("mlstm", dict(form="chunkwise", chunk_size=4)),
+    ("retention", dict(form="recurrent")), ("retention", dict(form="parallel")),
+    ("retention", dict(form="chunkwise", chunk_size=4)), ("attention", dict(max_cache=32)),
+])
+def test_cells_keep_documents_apart_in_every_form(kind, config):
+    """The cells with boundaries of their own, each form, from a given state, in float64: outputs, final states
+    and all gradients equal each document run alone (documents cross chunks of 4; starts at 0 and T-1)."""
+    from xlstm_zoo.config import BuildContext
+    from xlstm_zoo.config import build as build_component
+    from xlstm_zoo.registry import registry
+
+    torch.manual_seed(0)
+    cell = build_component(registry.get("cell", kind).config(**config), BuildContext(dim=8, path="cell"), "cell")
+    cell = cell.double()
+    x = torch.randn(len(STARTS), T, 8, dtype=torch.float64)
+    with torch.no_grad():
+        _, state = cell(torch.randn(len(STARTS), 3, 8, dtype=torch.float64))
+    weights = torch.randn(len(STARTS), T, 8, dtype=torch.float64)
+    out, final = cell(x, state, doc_starts=packed_mask())
+    (out * weights).sum().backward()
+    packed_grads = {n: p.grad.clone() for n, p in cell.named_parameters()}
+    cell.zero_grad()
+    for row in range(len(STARTS)):
+        row_state = select_rows(state, slice(row, row + 1))
+        for start, end, fresh in documents(row):
+            y, row_state = cell(x[row:row + 1, start:end], None if fresh else row_state)
+            (y * weights[row:row + 1, start:end]).sum().backward()
+            close(out[row:row + 1, start:end].detach(), y.detach(), f"{kind} {config}: row {row} output")
+        for i, (a, b) in enumerate(zip(flat(select_rows(final, slice(row, row + 1))), flat(row_state))):
+            close(a.detach(), b.detach(), f"{kind} {config}: row {row} final state tensor {i}")
+    for n, p in cell.named_parameters():
+        close(packed_grads[n], p.grad, f"{kind} {config}: grad {n}")
+
+
+def test_attention_cache_bounds_each_packed_document_not_the_row():
+    """Packed rows need room for their longest document, not for the whole row."""
+    from xlstm_zoo.cells.attention import AttentionCellConfig
+    from xlstm_zoo.config import BuildContext
+    from xlstm_zoo.config import build as build_component
+    from xlstm_zoo.errors import ConfigError
+
+    cell = build_component(AttentionCellConfig(max_cache=8), BuildContext(dim=8, path="cell"), "cell")
+    x = torch.randn(1, 12, 8)
+    starts = torch.zeros(1, 12, dtype=torch.bool)
+    starts[0, [0, 6]] = True
+    _, state = cell(x, doc_starts=starts)  # two documents of 6: each fits
+    assert state.pos.tolist() == [6.0]
+    starts[0, 6] = False
+    starts[0, 3] = True  # a document of 9 tokens does not
+    with pytest.raises(ConfigError, match="a packed document reaches 9 tokens > max_cache=8"):
+        cell(x, doc_starts=starts)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo.cells.base import Cell, merge_heads, split_heads
 from xlstm_zoo.config import BuildContext, ZooConfig
 from xlstm_zoo.errors import ConfigError
@@ -72,6 +72,49 @@ def rope_angles(positions: torch.Tensor, head_dim: int, theta: float):
     return angles.cos(), angles.sin()
 
 
+def length_class(n: int) -> int:
+    """The padded length of a document of ``n`` tokens in :func:`document_attention`: the next power of two up
+    to 64, then the next multiple of 64 (the CPU flash kernel's block), so padding costs little compute and the
+    classes stay few."""
+    return 1 << (n - 1).bit_length() if n <= 64 else -(-n // 64) * 64
+
+
+def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_starts: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """Causal attention of each document of packed rows within itself, ``q, k, v [B, H, T, D]`` -> ``[B, H, T, D]``.
+    Documents of one length class (:func:`length_class`) go through one causal call together, each padded at
+    its end by repeating its last token: no real query reads past itself, so the padding is never read.
+    Cheaper than one masked call over the rows, which pays for every pair of the row, not the causal half of
+    each document's (B=4 H=4 T=1024 D=32, 8 documents a row, forward and backward on one loaded core: 0.16 s,
+    the masked call 0.47 s, plain causal attention over the whole rows 0.33 s)."""
+    B, H, T, D = q.shape
+    classes: dict[int, list[tuple[int, int]]] = {}
+    for b in range(B):
+        for start, end, _ in packed.segments(doc_starts[b].cpu()):
+            classes.setdefault(length_class(end - start), []).append((b * T + start, end - start))
+    # One gather of every class's padded documents and one of the real outputs back: index_select's backward
+    # (an index_add into one zero tensor each) costs little; per class, or through t[index], it cost more than
+    # the attention saved.
+    gather, real, blocks = [], [], []
+    for length, docs in classes.items():
+        first, size = torch.tensor(docs, device=q.device).unbind(-1)
+        steps = torch.arange(length, device=q.device)
+        gather.append((first[:, None] + torch.minimum(steps, size[:, None] - 1)).flatten())  # padding: the last
+        real.append((steps < size[:, None]).flatten())
+        blocks.append((len(docs), length))
+    gather, real = torch.cat(gather), torch.cat(real)
+    sizes = [n * length for n, length in blocks]  # split, not sliced: slices' gradients are full-size zeros each
+    padded = [t.transpose(1, 2).reshape(B * T, H, D).index_select(0, gather).split(sizes) for t in (q, k, v)]
+    outputs = []
+    for (n, length), *qkv in zip(blocks, *padded):
+        o = F.scaled_dot_product_attention(*(t.view(n, length, H, D).transpose(1, 2) for t in qkv), is_causal=True,
+                                           scale=scale)
+        outputs.append(o.transpose(1, 2).reshape(n * length, H, D))
+    kept = real.nonzero().squeeze(1)                         # the real tokens among the padded ones
+    out = torch.cat(outputs).index_select(0, kept[torch.argsort(gather[kept])])  # in their places, 0 .. B*T-1
+    return out.view(B, T, H, D).transpose(1, 2)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding in the half-split layout: pairs (i, i + Dh/2) turn by their angle."""
     first, second = x.chunk(2, dim=-1)
@@ -125,25 +168,38 @@ class AttentionCell(Cell):
         group = self.num_heads // self.num_kv_heads
         return t if group == 1 else t.repeat_interleave(group, dim=1)
 
-    def _require_room(self, pos: torch.Tensor, tokens: int) -> None:
+    def _require_room(self, pos: torch.Tensor, tokens: int, positions: torch.Tensor | None = None) -> None:
+        """``pos`` tokens seen and ``tokens`` new must fit the cache; for packed rows, every token's
+        ``positions`` in its document."""
         if torch.compiler.is_exporting() or torch.jit.is_tracing():
             return  # an exported step marks overflow with NaN instead (see step)
+        M = self.config.max_cache
+        if positions is not None:  # packed: each document fills the cache from its own start
+            reached = int(positions.max()) + 1 if positions.numel() else 0
+            if reached > M:
+                raise ConfigError(f"attention cache full: a packed document reaches {reached} tokens > max_cache={M}; "
+                                  "raise max_cache (the longest document plus generation)", path="max_cache")
+            return
         seen = int(pos.max()) if pos.numel() else 0
-        if seen + tokens > self.config.max_cache:
-            raise ConfigError(f"attention cache full: {seen} tokens seen + {tokens} new > max_cache="
-                              f"{self.config.max_cache}; raise max_cache (the longest sequence plus generation)",
-                              path="max_cache")
+        if seen + tokens > M:
+            raise ConfigError(f"attention cache full: {seen} tokens seen + {tokens} new > max_cache={M}; raise "
+                              "max_cache (the longest sequence plus generation)", path="max_cache")
 
     # -- sequence and step ----------------------------------------------------------------------------
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
+    @packed.takes_doc_starts
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
         B, T, _ = x.shape
         M = self.config.max_cache
         kept = torch.promote_types(x.dtype, torch.float32)  # states: fp32 (float64 stays float64)
         pos = x.new_zeros(B, dtype=kept) if state is None else state.pos
-        self._require_room(pos, T)
         positions = pos[:, None] + torch.arange(T, device=x.device, dtype=torch.float32)
+        if doc_starts is not None:
+            offset, fresh = packed.document_positions(doc_starts)
+            positions = torch.where(fresh, offset.to(positions.dtype), positions)  # RoPE restarts with a document
+            self._require_room(pos, T, positions)
+            return self._packed(x, value_input, state, positions, doc_starts, fresh, kept)
+        self._require_room(pos, T)
         q, k, v = self._qkv(x, value_input, positions)
         scale = self.head_dim ** -0.5
         if state is None:  # nothing cached: plain causal attention, and the cache is k, v padded
@@ -163,6 +219,39 @@ class AttentionCell(Cell):
             where = where[:, None, :, None].expand(B, self.num_kv_heads, T, self.head_dim)
             new = AttentionState(state.k.scatter(2, where, k.to(state.k.dtype)), state.v.scatter(2, where, v.to(state.v.dtype)),
                                  pos + T)
+        return self.o(merge_heads(out)), new
+
+    def _packed(self, x, value_input, state, positions, doc_starts, fresh, kept):
+        """Packed rows: each token attends to its own document (causally), and to the cache only in the row's
+        first document when that continues the state; the new cache holds each row's last document."""
+        B, T, _ = x.shape
+        M, Hkv, Dh = self.config.max_cache, self.num_kv_heads, self.head_dim
+        q, k, v = self._qkv(x, value_input, positions)
+        doc = packed.document_ids(doc_starts)
+        scale = self.head_dim ** -0.5
+        if state is None or bool(fresh[:, 0].all()):  # nothing cached is read: documents by themselves
+            out = document_attention(q, self._grouped(k), self._grouped(v), doc_starts, scale)
+        else:  # the rows' first documents read the cache: one masked call
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            slots = torch.arange(M, device=x.device, dtype=torch.float32)
+            cached = (slots[None, None, :] + 0.5 < state.pos[:, None, None]) & ~fresh[:, :, None]  # [B, T, M]
+            mask = torch.cat([cached, (doc[:, :, None] == doc[:, None, :]) & causal], dim=-1)
+            keys, values = torch.cat([state.k.to(k.dtype), k], dim=2), torch.cat([state.v.to(v.dtype), v], dim=2)
+            out = F.scaled_dot_product_attention(q, self._grouped(keys), self._grouped(values), attn_mask=mask[:, None],
+                                                 scale=scale)
+        # The last document's keys and values to their slots (the others to a spare slot M, dropped), over the
+        # cache given where that document continues it, else over an empty one.
+        last = doc == doc[:, -1:]
+        where = torch.where(last, positions.round().long(), M)[:, None, :, None].expand(B, Hkv, T, Dh)
+
+        def cache(old, new):  # old: the state's cache or None
+            base = new.new_zeros(B, Hkv, M + 1, Dh, dtype=kept)
+            if old is not None:
+                base[:, :, :M] = old.masked_fill(fresh[:, -1, None, None, None], 0.0)
+            return base.scatter(2, where, new.to(kept))[:, :, :M]
+
+        new = AttentionState(cache(None if state is None else state.k, k), cache(None if state is None else state.v, v),
+                             positions[:, -1] + 1)
         return self.o(merge_heads(out)), new
 
     def step(self, x_t, state, *, value_input=None):

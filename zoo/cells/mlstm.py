@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo import backends as ops
 from xlstm_zoo.cells.base import Cell, gate_heads, merge_heads, split_heads
 from xlstm_zoo.config import AddedField, BuildContext, Spec, ZooConfig, build
@@ -81,11 +81,11 @@ class MLSTMCell(Cell):
             return ops.head_norm_gate(h, o, norm.weight, norm.bias, norm.eps)
         return norm(merge_heads(h)) * torch.sigmoid(o)
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
+    @packed.takes_doc_starts
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
         c = self.config
         h, state = ops.mlstm_sequence(*self._op_inputs(x, value_input), state, gates=self.gates, eps=c.eps,
-                                      form=c.form, chunk_size=c.chunk_size, backend=c.backend)
+                                      form=c.form, chunk_size=c.chunk_size, backend=c.backend, doc_starts=doc_starts)
         return self._output(h, x), state
 
     def step(self, x_t, state, *, value_input=None):

@@ -24,9 +24,8 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import nn
 
-from xlstm_zoo.packed import packable
+from xlstm_zoo import packed
 from xlstm_zoo.cells.base import Cell, merge_heads, split_heads
 from xlstm_zoo.config import BuildContext, Spec, ZooConfig, build
 from xlstm_zoo.layers import linear
@@ -62,22 +61,31 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, angles: torch.Tensor) -> to
     return x * cos + swapped * sin
 
 
-def retention_chunk(q, k, v, S, log_gamma, angles):
+def retention_chunk(q, k, v, S, log_gamma, angles, starts=None):
     """The parallel form over ``q, k [B, H, T, d_k]``, ``v [B, H, T, d_v]`` from the state ``S``
-    (``log_gamma [H]``, ``angles [d_k]`` in the compute dtype): ``(o [B, H, T, d_v], S after the last token)``."""
+    (``log_gamma [H]``, ``angles [d_k]`` in the compute dtype): ``(o [B, H, T, d_v], S after the last token)``.
+    ``starts [B, T]`` (bool): packed documents, each from the zero state (only relative positions count, so
+    a document's rotations need no restart)."""
     T = q.shape[2]
     pos = torch.arange(T, device=q.device, dtype=q.dtype)
     lag = pos[:, None] - pos[None, :]                                              # n - m
     decay = torch.where(lag >= 0, torch.exp(lag.clamp(min=0) * log_gamma[:, None, None]), 0.0)   # [H, T, T]
-    scores = (rotate(q, pos, angles) @ rotate(k, pos, angles).transpose(-1, -2)) * decay
     # from the state: S is in the frame of the token before this chunk, one step before position 0
     carried = torch.exp((pos + 1) * log_gamma[:, None])[..., None]                # gamma^(n+1), [H, T, 1]
-    o = scores @ v + carried * (rotate(q, pos + 1, angles) @ S)
     # the new state, in the frame of the last token: keys turned by m - (T-1), decayed (T-1-m) times
     to_end = torch.exp((T - 1 - pos) * log_gamma[:, None])[..., None]
+    kept = torch.exp(T * log_gamma)[:, None, None]                                # [H, 1, 1] on S
+    if starts is not None:  # pairs within a document; S only before the first start; the last document to S
+        doc = packed.document_ids(starts)[:, None, :, None]                        # [B, 1, T, 1]
+        decay = decay * (doc == doc.transpose(-1, -2))
+        carried = carried * (doc == 0)
+        to_end = to_end * (doc == doc[:, :, -1:])
+        kept = kept * (doc[:, :, -1:] == 0)
+    scores = (rotate(q, pos, angles) @ rotate(k, pos, angles).transpose(-1, -2)) * decay
+    o = scores @ v + carried * (rotate(q, pos + 1, angles) @ S)
     k_end = rotate(k, pos - (T - 1), angles) * to_end
     S_rows = rotate(S.transpose(-1, -2), torch.full((1,), -float(T), device=q.device, dtype=q.dtype), angles)
-    S_new = torch.exp(T * log_gamma)[:, None, None] * S_rows.transpose(-1, -2) + k_end.transpose(-1, -2) @ v
+    S_new = kept * S_rows.transpose(-1, -2) + k_end.transpose(-1, -2) @ v
     return o, S_new
 
 
@@ -141,8 +149,8 @@ class RetentionCell(Cell):
         y = self.norm(merge_heads(o).to(x.dtype)) * F.silu(self.gate(x))
         return self.out(y)
 
-    @packable
-    def forward(self, x, state=None, *, value_input=None):
+    @packed.takes_doc_starts
+    def forward(self, x, state=None, *, value_input=None, doc_starts=None):
         q, k, v = self._qkv(x, value_input)
         S = (self.init_state(x.shape[0], x.device) if state is None else state).S.to(q.dtype)
         log_gamma, angles = self._constants(q.dtype, q.device)
@@ -150,6 +158,8 @@ class RetentionCell(Cell):
         if form == "recurrent":
             outs = []
             for t in range(T):
+                if doc_starts is not None:  # a document starts from the zero state
+                    S = S.masked_fill(doc_starts[:, t, None, None, None], 0.0)
                 o_t, S = retention_step(q[:, :, t], k[:, :, t], v[:, :, t], S, log_gamma, angles)
                 outs.append(o_t)
             o = torch.stack(outs, 2)
@@ -158,7 +168,8 @@ class RetentionCell(Cell):
             outs = []
             for start in range(0, T, L):
                 o_c, S = retention_chunk(q[:, :, start:start + L], k[:, :, start:start + L], v[:, :, start:start + L],
-                                         S, log_gamma, angles)
+                                         S, log_gamma, angles,
+                                         None if doc_starts is None else doc_starts[:, start:start + L])
                 outs.append(o_c)
             o = torch.cat(outs, 2)
         return self._output(o, x), RetentionState(S)

@@ -29,10 +29,10 @@ def cmd_doctor(args) -> int:
         status = "[green]available[/]" if reason is None else f"[red]unavailable:[/] {escape(reason)}"
         backends.add_row(name, str(backend.priority), status, registry.get("backend", name).source)
     show(backends)
-    kernels = table("kernel", "priority", "devices", "dtypes", "limits",
+    kernels = table("kernel", "priority", "devices", "dtypes", "limits", "doc_starts",
                     title="Kernels (declared by each backend; shapes and notes: docs/backends.md)", title_justify="left")
     for row in kernel_rows(registry.instance("backend", n) for n in names):
-        kernels.add_row(row["kernel"], row["priority"], row["devices"], row["dtypes"], row["limits"])
+        kernels.add_row(row["kernel"], row["priority"], row["devices"], row["dtypes"], row["limits"], row["doc_starts"])
     show(kernels)
 
     for device, dtype in doctor.targets():

@@ -14,14 +14,16 @@ import torch
 
 from xlstm_zoo.backends.gating import GateSchemes
 from xlstm_zoo.backends.reference.mlstm.chunkwise_backward import chunk_core, chunk_sums, mix_states
-from xlstm_zoo.backends.reference.mlstm.parallel import log_decay_matrix, parallel_core, reverse_cumsum
+from xlstm_zoo.backends.reference.mlstm.parallel import (initial_log_weight, initial_weight, log_decay_matrix,
+                                                         parallel_core, reverse_cumsum)
 from xlstm_zoo.backends.reference.mlstm.step import prepare
 from xlstm_zoo.backends.states import MLSTMState
 
 
 class ChunkKernels(NamedTuple):
     """The two per-chunk steps of the form, swappable for compiled ones (the cpp backend's):
-    ``sums`` is :func:`chunk_sums`' contract, ``core`` :func:`chunk_core`'s."""
+    ``sums`` is :func:`chunk_sums`' contract, ``core`` :func:`chunk_core`'s (its ``starts`` argument is
+    passed only for packed rows)."""
 
     sums: Callable = chunk_sums
     core: Callable = chunk_core
@@ -39,15 +41,22 @@ def _without_subnormals(w: torch.Tensor) -> torch.Tensor:
     return w.masked_fill(w < torch.finfo(w.dtype).tiny, 0.0)
 
 
-def _chunk_boundary_states(k, v, log_i, log_f, C, n, m, sums=chunk_sums):
+def _chunk_boundary_states(k, v, log_i, log_f, C, n, m, sums=chunk_sums, starts=None):
     """Chunked tensors ``[..., NC, L, D]``; returns the states entering each chunk (stacked on a
-    new ``NC`` axis) and the state after the last one."""
+    new ``NC`` axis) and the state after the last one. ``starts``: document starts ``[..., NC, L]`` or None."""
+    if starts is not None:
+        # Only a chunk's last document reaches the state after it: the positions before its last start
+        # neither add terms nor decay (their log f set to 0, their terms' log weight to -inf).
+        last_document = reverse_cumsum(starts.long()) - starts.long() == 0  # no start after the position
+        log_f = log_f.masked_fill(~last_document, 0.0)
     # Log decay from each position to the end of its chunk, excluding its own forget gate:
     # exclusive suffix sums, taken as reversed cumulative sums (no differences of prefix sums).
     suffix = reverse_cumsum(log_f)                                  # sum_{r >= s}
     chunk_log_f = suffix[..., 0]                                    # [..., NC] whole-chunk decay
     to_end = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], dim=-1)
     log_a = to_end + log_i                                          # [..., NC, L]
+    if starts is not None:
+        log_a = log_a.masked_fill(~last_document, float("-inf"))
     log_a_max = log_a.amax(-1)                                      # [..., NC]
     # [..., NC, Dk, Dv] and [..., NC, Dk], scaled by exp(-a_max)
     C_chunk, n_chunk = sums(k, v, torch.exp(log_a - log_a_max.unsqueeze(-1)))
@@ -56,14 +65,18 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m, sums=chunk_sums):
     # parallel form: the same decay matrix and running-max stabiliser as parallel.py, over chunks.
     # One small [NC, NC] matmul instead of a Python loop of NC steps (20% of the op's forward).
     # Row 0 is the state entering chunk 0 (the initial state alone: its chunk row is all -inf), so
-    # row c is the state entering chunk c; the last row gives the final stabiliser.
-    log_d = log_decay_matrix(log_a_max, chunk_log_f)                # [..., NC, NC]
+    # row c is the state entering chunk c; the last row gives the final stabiliser. With documents, a
+    # chunk holding a start is a start of the chunk-level recurrence (its terms are its last document's).
+    chunk_starts = None if starts is None else starts.any(-1)      # [..., NC]
+    log_d = log_decay_matrix(log_a_max, chunk_log_f, chunk_starts)  # [..., NC, NC]
     log_d = torch.cat([torch.full_like(log_d[..., :1, :], float("-inf")), log_d], dim=-2)
-    log_w0 = torch.cat([torch.zeros_like(chunk_log_f[..., :1]), chunk_log_f.cumsum(-1)], dim=-1) \
-        + m.unsqueeze(-1)                                           # [..., NC + 1] weight of the initial state
+    log_w0 = torch.cat([m.unsqueeze(-1), initial_log_weight(chunk_log_f, m, chunk_starts)], dim=-1)
     m_all = torch.maximum(log_d.amax(-1), log_w0)                   # [..., NC + 1] stabiliser
     w = _without_subnormals((log_d - m_all.unsqueeze(-1)).exp_())
-    w0 = _without_subnormals(torch.exp(log_w0 - m_all))
+    w0 = torch.exp(log_w0 - m_all)
+    if chunk_starts is not None:  # rows after a chunk with a start: the initial state does not enter
+        w0 = torch.cat([w0[..., :1], initial_weight(log_w0[..., 1:] - m_all[..., 1:], chunk_starts)], dim=-1)
+    w0 = _without_subnormals(w0)
     # The entering states as their own tensors (a slice [..., :-1, :, :] of one [..., NC + 1, Dk, Dv]
     # tensor is not contiguous over the batch dims: every matmul with it, forward and backward,
     # copied it first). The final state is one recurrent step from the last entering state.
@@ -71,7 +84,10 @@ def _chunk_boundary_states(k, v, log_i, log_f, C, n, m, sums=chunk_sums):
     C_in = mix_states(w_in, w0_in, C_chunk, C)                      # [..., NC, Dk, Dv]
     n_in = torch.addcmul(w_in @ n_chunk, w0_in.unsqueeze(-1), n.unsqueeze(-2))
     m_in, m = m_all[..., :-1], m_all[..., -1]
-    f_act = torch.exp(m_in[..., -1] + chunk_log_f[..., -1] - m)      # weight of the last entering state
+    log_f_act = m_in[..., -1] + chunk_log_f[..., -1] - m             # log weight of the last entering state
+    if chunk_starts is not None:  # masked in the exponent: a weight exp(...) * 0 could be inf * 0
+        log_f_act = log_f_act.masked_fill(chunk_starts[..., -1], float("-inf"))
+    f_act = torch.exp(log_f_act)
     a_act = torch.exp(log_a_max[..., -1] - m)                       # weight of the last chunk's terms
     C = torch.addcmul(f_act[..., None, None] * C_in[..., -1, :, :], a_act[..., None, None], C_chunk[..., -1, :, :])
     n = torch.addcmul(f_act.unsqueeze(-1) * n_in[..., -1, :], a_act.unsqueeze(-1), n_chunk[..., -1, :])
@@ -96,7 +112,7 @@ def segment_length(lead: int, chunk_size: int) -> int:
     return max(1, chunks) * chunk_size
 
 
-def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int, kernels: ChunkKernels):
+def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int, kernels: ChunkKernels, starts=None):
     """One segment: its full chunks as one batch, then the shorter tail chunk (if any) on its own."""
     T = q.shape[-2]
     full = (T // L) * L
@@ -109,20 +125,23 @@ def _segment(q, k, v, log_i, log_f, C, n, m, eps: float, L: int, kernels: ChunkK
 
         qc, kc, vc = chunked(q), chunked(k), chunked(v)
         ic, fc = log_i[..., :full].unflatten(-1, (nc, L)), log_f[..., :full].unflatten(-1, (nc, L))
-        (C_in, n_in, m_in), (C, n, m) = _chunk_boundary_states(kc, vc, ic, fc, C, n, m, kernels.sums)
-        h = kernels.core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps)
+        sc = None if starts is None else starts[..., :full].unflatten(-1, (nc, L))
+        (C_in, n_in, m_in), (C, n, m) = _chunk_boundary_states(kc, vc, ic, fc, C, n, m, kernels.sums, sc)
+        h = kernels.core(qc, kc, vc, ic, fc, C_in, n_in, m_in, eps, *(() if sc is None else (sc,)))
         hs.append(h.flatten(-3, -2))
     if full < T:
         h, (C, n, m) = parallel_core(q[..., full:, :], k[..., full:, :], v[..., full:, :],
-                                     log_i[..., full:], log_f[..., full:], C, n, m, eps)
+                                     log_i[..., full:], log_f[..., full:], C, n, m, eps,
+                                     starts=None if starts is None else starts[..., full:])
         hs.append(h)
     return torch.cat(hs, dim=-2) if len(hs) > 1 else hs[0], (C, n, m)
 
 
 def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int,
-                   kernels: ChunkKernels = REFERENCE_KERNELS):
+                   kernels: ChunkKernels = REFERENCE_KERNELS, starts=None):
     """Prepared tensors ``[..., T, D]`` -> ``h [..., T, Dv]``, final ``(C, n, m)``. ``kernels``: the
-    per-chunk steps (the cpp backend passes its compiled ones)."""
+    per-chunk steps (the cpp backend passes its compiled ones). ``starts``: document starts (bool
+    ``[..., T]``, broadcastable) or None; chunks may hold any number of them."""
     if chunk_size < 1:
         raise ValueError(f"mLSTM chunk_size must be >= 1, got {chunk_size}")
     T = q.shape[-2]
@@ -134,7 +153,7 @@ def chunkwise_core(q, k, v, log_i, log_f, C, n, m, eps: float, chunk_size: int,
         # chunked matmuls would copy them several times over, so copy each segment once here.
         q_s, k_s, v_s = (x[..., start:end, :].contiguous() for x in (q, k, v))
         h, (C, n, m) = _segment(q_s, k_s, v_s, log_i[..., start:end], log_f[..., start:end], C, n, m,
-                                eps, chunk_size, kernels)
+                                eps, chunk_size, kernels, None if starts is None else starts[..., start:end])
         hs.append(h)
     return torch.cat(hs, dim=-2) if len(hs) > 1 else hs[0], (C, n, m)
 

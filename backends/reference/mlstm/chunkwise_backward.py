@@ -20,19 +20,20 @@ import torch
 
 from xlstm_zoo.backends.reference.mlstm.parallel import add_matmul_, parallel_terms, reverse_cumsum
 from xlstm_zoo.backends.reference.mlstm.step import FLOOR_LOG_MAX, readout_floor
+from xlstm_zoo.packed import document_ids, segment_cumsum
 
 
 class _ChunkCore(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, log_i, log_f, C0, n0, m0, eps):
-        t = parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps, inplace=True)
+    def forward(ctx, q, k, v, log_i, log_f, C0, n0, m0, eps, starts):
+        t = parallel_terms(q, k, v, log_i, log_f, C0, n0, m0, eps, inplace=True, starts=starts)
         ctx.save_for_backward(q, k, v, C0, n0, t.x, t.d, t.scores, t.q_c0, t.q_n0, t.lw0x, t.w0, t.m, t.qn,
-                              t.den, t.h)
+                              t.den, t.h, starts)
         return t.h
 
     @staticmethod
     def backward(ctx, dh):
-        q, k, v, C0, n0, x, d, scores, q_c0, q_n0, lw0x, w0, m, qn, den, h = ctx.saved_tensors
+        q, k, v, C0, n0, x, d, scores, q_c0, q_n0, lw0x, w0, m, qn, den, h, starts = ctx.saved_tensors
         dnum, dqn, dm = _readout_backward(dh, h, den, qn, m)
 
         # Initial-state terms: num += w0 * (q C0), qn += w0 * (q . n0).
@@ -56,9 +57,13 @@ class _ChunkCore(torch.autograd.Function):
         d_lw0 += _route_to_maxima(dm, x, lw0x, d_log_d)
 
         dlog_i = d_log_d.sum(-2)
-        dlog_f = _segment_sums_backward(d_log_d) + reverse_cumsum(d_lw0)
-        dm0 = d_lw0.sum(-1)
-        return dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0, None
+        if starts is None:
+            dlog_f = _segment_sums_backward(d_log_d) + reverse_cumsum(d_lw0)
+            dm0 = d_lw0.sum(-1)
+        else:  # a row's initial weight sums log f from its document's start; m0 is only the first document's
+            dlog_f = _segment_sums_backward(d_log_d) + segment_cumsum(d_lw0, starts, reverse=True)
+            dm0 = d_lw0.masked_fill(document_ids(starts) > 0, 0.0).sum(-1)
+        return dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0, None, None
 
 
 class _ChunkSums(torch.autograd.Function):
@@ -159,12 +164,13 @@ def _segment_sums_backward(g):
     return torch.nn.functional.pad(sums[..., :-1], (1, 0))
 
 
-def chunk_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float):
+def chunk_core(q, k, v, log_i, log_f, C0, n0, m0, eps: float, starts=None):
     """``parallel_core(..., return_state=False)`` for chunked tensors ``[..., NC, L, D]`` with the
-    hand-written backward above. Returns ``h [..., NC, L, Dv]``.
+    hand-written backward above. Returns ``h [..., NC, L, Dv]``. ``starts``: document starts in each
+    chunk (bool ``[..., NC, L]``, broadcastable), or None.
 
     Where no gradient is wanted, the plain forward runs with nothing kept for a backward."""
     inputs = (q, k, v, log_i, log_f, C0, n0, m0)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        return _ChunkCore.apply(*inputs, eps)
-    return parallel_terms(*inputs, eps, inplace=True, keep_x=False).h
+        return _ChunkCore.apply(*inputs, eps, starts)
+    return parallel_terms(*inputs, eps, inplace=True, keep_x=False, starts=starts).h
