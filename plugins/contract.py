@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from xlstm_zoo.export.step_model import REACH_STEPS
 
-PLUGIN_API_VERSION = 2
+PLUGIN_API_VERSION = 3
 API_ATTRIBUTE = "XLSTM_ZOO_PLUGIN_API"
 
 
@@ -39,6 +39,9 @@ class Part:
 EXPORT_SAMPLE = Part(2, "state classes: a classmethod export_sample(like, generator) giving a state the recurrence "
                         "reaches", default=f"the state the cell's own step reaches from the zero state on {REACH_STEPS} "
                                            "random inputs")
+DOC_STARTS = Part(3, "cells and blocks: document boundaries declared by decorating forward with xlstm_zoo.packed.packable "
+                     "or takes_doc_starts", default="a model holding the component refuses packed input (doc_starts) "
+                                                    "with an error naming it")
 PARTS = (
     Part(1, "a register_components(register) and/or register_commands(add_command) hook implementation"),
     Part(1, "cells: init_state(batch, device=None) returning a NamedTuple of fp32 tensors, forward(x, state=None, "
@@ -46,6 +49,7 @@ PARTS = (
     Part(1, "every component: a pydantic config with type: Literal[name] = name"),
     EXPORT_SAMPLE,
     Part(2, f"the plugin module: {API_ATTRIBUTE} = <version it was written against>", default="version 1"),
+    DOC_STARTS,
 )
 
 

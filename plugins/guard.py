@@ -26,7 +26,8 @@ from xlstm_zoo import testing
 from xlstm_zoo.backends.kernel import Backend
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.export.step_model import ExportWarning, undeclared_states
-from xlstm_zoo.plugins.contract import EXPORT_SAMPLE
+from xlstm_zoo.packed import supports_doc_starts
+from xlstm_zoo.plugins.contract import DOC_STARTS, EXPORT_SAMPLE
 from xlstm_zoo.plugins.status import PluginError, PluginInfo, describe, report
 
 LAZY_CHECK_KINDS = ("cell", "block", "norm", "gate")
@@ -113,8 +114,12 @@ def missing_optional_parts(cell) -> list[str]:
         state = cell.init_state(1)
     except Exception:  # noqa: BLE001 - the conformance check has passed; nothing more to say
         return []
-    return [f"{what} (optional since plugin API {EXPORT_SAMPLE.since}; export validates from {EXPORT_SAMPLE.default})"
-            for what in undeclared_states(state)]
+    missing = [f"{what} (optional since plugin API {EXPORT_SAMPLE.since}; export validates from "
+               f"{EXPORT_SAMPLE.default})" for what in undeclared_states(state)]
+    if not supports_doc_starts(cell):
+        missing.append(f"{type(cell).__name__} declares no document boundaries (optional since plugin API "
+                       f"{DOC_STARTS.since}; {DOC_STARTS.default})")
+    return missing
 
 
 def _one_line(text: str, limit: int = 300) -> str:

@@ -906,12 +906,13 @@ def test_a_previous_release_plugin_passes_the_check_with_a_warning(fake, global_
     check = next(r[-1] for r in table_rows(out) if len(r) == 8 and r[3] == old)
     assert check.startswith("cell:oldgru: passed (warning: state class GRUState"), check
     assert "declares no export_sample (optional since plugin API 2" in check, check
+    assert "OldGRU declares no document boundaries (optional since plugin API 3" in check, check
     assert f"plugin API {contract.PLUGIN_API_VERSION}" in out
 
 
 @pytest.mark.parametrize("api, expected_api, message", [
     ("XLSTM_ZOO_PLUGIN_API = 2", 2, None),
-    ("XLSTM_ZOO_PLUGIN_API = 99", 99, "written for plugin API 99, but this xlstm-zoo speaks 1 to 2: upgrade"),
+    ("XLSTM_ZOO_PLUGIN_API = 99", 99, "written for plugin API 99, but this xlstm-zoo speaks 1 to 3: upgrade"),
     ("XLSTM_ZOO_PLUGIN_API = '2'", 1, "XLSTM_ZOO_PLUGIN_API = '2' is not a plugin API version"),
 ])
 def test_a_plugin_declares_its_api_version(fake, monkeypatch, api, expected_api, message):
