@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe.sizes import SKIP as SKIP_MEMORY_CHECK, available_memory
+from xlstm_zoo.recipe_loader.sizes import SKIP as SKIP_MEMORY_CHECK, available_memory
 from xlstm_zoo.export import onnx as onnx_export
 from xlstm_zoo.export import validate as checks
 from xlstm_zoo.export.step_model import (NEXT, REACH_STEPS, SAMPLE_HINT, ExportError, ExportWarning, PrefillModule,

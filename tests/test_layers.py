@@ -14,7 +14,7 @@ import package_modules  # noqa: E402  (a script in tools/, not an installed modu
 def test_every_folder_of_the_mapping_is_read():
     modules = package_modules.find_modules(REPO)
     for name in ("xlstm_zoo.cli", "xlstm_zoo.backends.dispatch", "xlstm_zoo.plugins.loader", "xlstm_zoo.export.onnx",
-                 "xlstm_zoo.recipe.schema", "xlstm_zoo.commands.doctor"):
+                 "xlstm_zoo.recipe_loader.schema", "xlstm_zoo.commands.doctor"):
         assert name in modules, name
     assert not any(".examples" in name for name in modules)
 

@@ -95,7 +95,7 @@ IMPORT_ALL = textwrap.dedent("""
         except Exception as err:
             out["errors"][name] = f"{type(err).__name__}: {err}"
     if not out["errors"]:
-        from xlstm_zoo.recipe import shipped_recipes, shipped_recipes_dir
+        from xlstm_zoo.recipe_loader import shipped_recipes, shipped_recipes_dir
         out["recipes_dir"] = str(shipped_recipes_dir())
         out["recipes"] = shipped_recipes()
     print("RESULT=" + json.dumps(out))

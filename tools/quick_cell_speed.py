@@ -19,7 +19,7 @@ import time
 import torch
 
 from xlstm_zoo.grid.expand import expand
-from xlstm_zoo.recipe.load import load_recipe
+from xlstm_zoo.recipe_loader.load import load_recipe
 from xlstm_zoo.training.trainer import train
 
 

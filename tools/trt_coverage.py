@@ -39,7 +39,7 @@ START, END = "<!-- trt-coverage:start -->", "<!-- trt-coverage:end -->"
 
 
 def recipes() -> list[str]:
-    from xlstm_zoo.recipe import shipped_recipes
+    from xlstm_zoo.recipe_loader import shipped_recipes
 
     return [r.removeprefix("models/") for r in shipped_recipes() if r.startswith("models/")]
 

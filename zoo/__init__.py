@@ -8,7 +8,7 @@ from xlstm_zoo.version import __version__
 from xlstm_zoo.errors import ConfigError, UnknownComponentError, ZooError
 from xlstm_zoo.registry import component, register, registry
 from xlstm_zoo import wiring  # noqa: F401  (plugin loading and the backend table, connected once)
-from xlstm_zoo.recipe import Recipe, build, load_recipe, shipped_recipes
+from xlstm_zoo.recipe_loader import Recipe, build, load_recipe, shipped_recipes
 from xlstm_zoo.pretrained import from_pretrained, save_pretrained
 from xlstm_zoo import interop
 

@@ -38,7 +38,7 @@ import torch
 import yaml
 
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe import build, load_recipe
+from xlstm_zoo.recipe_loader import build, load_recipe
 
 FORMAT = 2
 RECIPE = "recipe.yaml"

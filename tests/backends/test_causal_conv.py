@@ -12,7 +12,7 @@ from xlstm_zoo.backends.cpp import build
 from xlstm_zoo.backends.cpp.causal_conv import causal_conv_silu
 from xlstm_zoo.backends.dispatch import ENV_FORCE
 from xlstm_zoo.layers import CausalConv1d
-from xlstm_zoo.recipe import build as build_recipe, load_recipe
+from xlstm_zoo.recipe_loader import build as build_recipe, load_recipe
 from xlstm_zoo.tolerances import assert_close
 
 pytestmark = pytest.mark.skipif(build.unavailable_reason() is not None, reason="needs the C++ kernels built")

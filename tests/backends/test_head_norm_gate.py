@@ -83,7 +83,7 @@ def test_where_it_applies(monkeypatch):
 
 
 def test_the_7b_cell_uses_it_and_falls_back(monkeypatch):
-    from xlstm_zoo.recipe import build as build_recipe, load_recipe
+    from xlstm_zoo.recipe_loader import build as build_recipe, load_recipe
     model = build_recipe(load_recipe("xlstm_7b_small", ["dim=32", "vocab_size=50", "stack.pattern=m"]))
     tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
     calls = kernel_calls(monkeypatch, "head_norm_gate")

@@ -131,7 +131,7 @@ def test_soft_cap_strided_input_a_second_derivative_and_fallbacks(monkeypatch):
 
 
 def test_the_gates_and_the_language_model_call_the_soft_cap(monkeypatch):
-    from xlstm_zoo.recipe import build as build_recipe, load_recipe
+    from xlstm_zoo.recipe_loader import build as build_recipe, load_recipe
     calls = kernel_calls(monkeypatch, "soft_cap")
     model = build_recipe(load_recipe("xlstm_7b_small", ["dim=32", "vocab_size=50", "stack.pattern=m"]))
     model(torch.randint(0, 50, (1, 8)))

@@ -7,7 +7,7 @@ import yaml
 
 from xlstm_zoo import build, load_recipe
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe import sizes
+from xlstm_zoo.recipe_loader import sizes
 from xlstm_zoo.training.trainer import train
 
 TRAINABLE = {"model": {"type": "causal_lm", "vocab_size": None, "dim": 16, "stack": {"type": "xlstm", "num_blocks": 1}},

@@ -19,7 +19,7 @@ import torch
 from xlstm_zoo.export import export_step
 from xlstm_zoo.export.step_model import StepModule, prepare_model
 from xlstm_zoo.export.validate import OrtStep
-from xlstm_zoo.recipe import build, load_recipe
+from xlstm_zoo.recipe_loader import build, load_recipe
 
 RECIPES = ["xlstm_7_1", "xlstm_1_0"]
 BATCHES = [1, 16]

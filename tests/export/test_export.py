@@ -40,7 +40,7 @@ from xlstm_zoo.export.step_model import StepModule, prepare_model
 from xlstm_zoo.export.trt_check import check_step_graph
 from xlstm_zoo.export.trt_deploy import deploy_tensorrt
 from xlstm_zoo.export.validate import OrtStep, check_trt_ops, trt_supported_ops
-from xlstm_zoo.recipe import build as build_recipe, load_recipe, shipped_recipes
+from xlstm_zoo.recipe_loader import build as build_recipe, load_recipe, shipped_recipes
 from xlstm_zoo.registry import component, registry
 
 DIM = 32

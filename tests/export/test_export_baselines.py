@@ -9,7 +9,7 @@ import torch
 
 from xlstm_zoo.config import BuildContext, build
 from xlstm_zoo.export import export_step
-from xlstm_zoo.recipe import build as build_recipe, load_recipe
+from xlstm_zoo.recipe_loader import build as build_recipe, load_recipe
 from xlstm_zoo.registry import registry
 
 pytest.importorskip("onnxruntime")

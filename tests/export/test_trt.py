@@ -28,7 +28,7 @@ from xlstm_zoo.export import export_step
 from xlstm_zoo.export.step_model import StepSignature, TensorSpec
 from xlstm_zoo.export.trt_check import RULES, check_step_graph
 from xlstm_zoo.export.trt_deploy import deploy_tensorrt
-from xlstm_zoo.recipe import build as build_recipe, load_recipe, shipped_recipes
+from xlstm_zoo.recipe_loader import build as build_recipe, load_recipe, shipped_recipes
 from xlstm_zoo.registry import component, registry
 
 F32 = torch.float32

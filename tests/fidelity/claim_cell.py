@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from xlstm_zoo.grid.expand import expand
-from xlstm_zoo.recipe.load import load_recipe
+from xlstm_zoo.recipe_loader.load import load_recipe
 from xlstm_zoo.training.distributed import DistContext
 from xlstm_zoo.training.trainer import _Run, train
 

@@ -113,7 +113,7 @@ TRAIN = textwrap.dedent("""
     import json, sys
     import torch
     import xlstm_zoo, xlstm_zoo_mingru
-    from xlstm_zoo.recipe import build, load_recipe
+    from xlstm_zoo.recipe_loader import build, load_recipe
     torch.set_num_threads(1)  # a tiny model on a shared machine: threads only add contention
     runs = []
     for label, overrides in (("dyt", []), ("layernorm", ["stack.blocks.m.norm=layernorm"])):

@@ -20,7 +20,7 @@ import pytest
 
 import xlstm_zoo
 from xlstm_zoo import cli
-from xlstm_zoo.recipe import shipped_recipes
+from xlstm_zoo.recipe_loader import shipped_recipes
 
 ROOT = Path(__file__).resolve().parents[2]  # tests/zoo/test_cli.py -> the repository
 BUILTIN_KINDS = ("cell", "gate", "norm", "block", "stack", "model", "backend")

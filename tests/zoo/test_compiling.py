@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from xlstm_zoo.compiling import CompileWarning, compile_or_eager
-from xlstm_zoo.recipe import build, load_recipe
+from xlstm_zoo.recipe_loader import build, load_recipe
 
 
 def _failing_backend(graph_module, example_inputs):

@@ -9,7 +9,7 @@ import yaml
 import xlstm_zoo
 from xlstm_zoo.gates import PowerLawInit, bias_values
 from xlstm_zoo.initialization import ROLES, parameter_roles
-from xlstm_zoo.recipe import shipped_recipes
+from xlstm_zoo.recipe_loader import shipped_recipes
 from xlstm_zoo.training.trainer import param_groups
 
 

@@ -16,7 +16,7 @@ import torch
 import xlstm_zoo
 from xlstm_zoo.errors import InputError
 from xlstm_zoo.packed import packable, select_rows
-from xlstm_zoo.recipe import shipped_recipes
+from xlstm_zoo.recipe_loader import shipped_recipes
 
 MODELS = sorted(r for r in shipped_recipes() if r.startswith("models/"))
 T = 23

@@ -7,7 +7,7 @@ import yaml
 
 from xlstm_zoo import build, load_recipe, shipped_recipes
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe import Recipe, merge
+from xlstm_zoo.recipe_loader import Recipe, merge
 
 SHIPPED = shipped_recipes()
 REQUIRED = {"models/lstm", "models/lstm_residual", "models/xlstm_1_0", "models/xlstm_0_1", "models/xlstm_1_1",

@@ -475,7 +475,7 @@ def test_bad_configs_are_rejected_clearly(name, fields, message):
 
 @pytest.mark.parametrize("name, answers", [("parity", 2), ("cycle_nav", 5), ("mod_arith_no_brackets", 5)])
 def test_scaled_accuracy_is_zero_at_chance_and_one_when_perfect(name, answers):
-    from xlstm_zoo.recipe import load_recipe
+    from xlstm_zoo.recipe_loader import load_recipe
     from xlstm_zoo.training.trainer import build_task
 
     task = build_task(load_recipe({"model": {"type": "causal_lm", "vocab_size": None}, "task": {"type": name}}))

@@ -19,7 +19,7 @@ from xlstm_zoo.bench.case import BaselineUnavailable, Case, Prepared, Scale, cou
 from xlstm_zoo.bench.official import official_lm, our_model
 from xlstm_zoo.bench.transformers_cases import _transformers
 from xlstm_zoo.layers import mlp_width
-from xlstm_zoo.recipe import Recipe, apply_override, build, load_recipe, validate_recipe
+from xlstm_zoo.recipe_loader import Recipe, apply_override, build, load_recipe, validate_recipe
 
 GRID, SIZE = "lm_comparison", "s"
 GROUP = "LM training step vs reference implementations"

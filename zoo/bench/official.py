@@ -8,7 +8,7 @@ import math
 import torch
 
 from xlstm_zoo.bench.case import BaselineUnavailable, Scale
-from xlstm_zoo.recipe import build, load_recipe
+from xlstm_zoo.recipe_loader import build, load_recipe
 
 MLSTM_PROJ = "stack.blocks.m.cell.proj=blockdiag"  # = the official qkv_proj_blocksize=4 (our proj_blocksize default)
 SLSTM_PROJ = "stack.blocks.s.cell.proj=headwise"   # the official sLSTM layer's z/o projections are per head

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from xlstm_zoo.bench.case import Case, Prepared, Scale, count
-from xlstm_zoo.recipe import build, load_recipe
+from xlstm_zoo.recipe_loader import build, load_recipe
 
 DOCUMENTS_PER_ROW = 8
 PACKED_MODELS = [("xlstm_7_1", "xLSTM[7:1]"), ("xlstm_1_0", "xLSTM[1:0]"), ("llama", "Llama"), ("mamba", "Mamba"),

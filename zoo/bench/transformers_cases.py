@@ -7,7 +7,7 @@ import logging
 import torch
 
 from xlstm_zoo.bench.case import BaselineUnavailable, Case, Prepared, Scale, count, forward, forward_backward, stack_input
-from xlstm_zoo.recipe import build, load_recipe
+from xlstm_zoo.recipe_loader import build, load_recipe
 
 
 def _transformers_rwkv_layer(scale: Scale) -> torch.nn.Module:

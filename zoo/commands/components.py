@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from xlstm_zoo.commands.output import console, show, table
 from xlstm_zoo.config import component_kind_of
-from xlstm_zoo.recipe import Recipe
+from xlstm_zoo.recipe_loader import Recipe
 from xlstm_zoo.registry import Command, registry
 
 

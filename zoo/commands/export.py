@@ -32,7 +32,7 @@ from xlstm_zoo.export.step_model import prepare_model
 from xlstm_zoo.export.trt_deploy import DEFAULT_STEPS, deploy_tensorrt
 from xlstm_zoo.export.validate import TOLERANCES
 from xlstm_zoo.model_files.files import carry
-from xlstm_zoo.recipe import build, load_recipe
+from xlstm_zoo.recipe_loader import build, load_recipe
 from xlstm_zoo.registry import Command
 
 FORMATS = ("onnx", "tensorrt")

@@ -25,7 +25,7 @@ from xlstm_zoo.grid.runner import (LocalExecutor, UnreadableResult, cell_states,
 from xlstm_zoo.loggers.base import build_loggers
 from xlstm_zoo.plugins import configure
 from xlstm_zoo.progress import progress_columns
-from xlstm_zoo.recipe import load_recipe
+from xlstm_zoo.recipe_loader import load_recipe
 from xlstm_zoo.registry import Command
 from xlstm_zoo.training.distributed import DistContext, check_split, run_torchrun
 from xlstm_zoo.training.trainer import CHECKPOINT, train

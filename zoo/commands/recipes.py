@@ -14,7 +14,7 @@ from rich.table import Column
 
 from xlstm_zoo.commands.output import console, show, table
 from xlstm_zoo.initialization import count_blocks, describe as describe_init
-from xlstm_zoo.recipe import build, load_recipe, shipped_recipes
+from xlstm_zoo.recipe_loader import build, load_recipe, shipped_recipes
 from xlstm_zoo.registry import Command
 
 RECIPE_HELP = "a recipe file or a shipped recipe name (see `xlstm-zoo recipes`)"

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe import GridConfig, apply_override, validate_recipe
-from xlstm_zoo.recipe.grid import is_label
-from xlstm_zoo.recipe.meaning import NOT_MEANING, meaning_digest
+from xlstm_zoo.recipe_loader import GridConfig, apply_override, validate_recipe
+from xlstm_zoo.recipe_loader.grid import is_label
+from xlstm_zoo.recipe_loader.meaning import NOT_MEANING, meaning_digest
 
 # Sections that describe the grid itself, not what a cell trains.
 GRID_ONLY = NOT_MEANING
@@ -109,7 +109,7 @@ def _resolve(recipe, variant, overrides, labels) -> Cell:
 
 def recipe_digest(recipe) -> str:
     """A digest of everything that determines a cell's result (not its name or the grid around it);
-    the same meaning a checkpoint's resume check compares (:mod:`xlstm_zoo.recipe.meaning`)."""
+    the same meaning a checkpoint's resume check compares (:mod:`xlstm_zoo.recipe_loader.meaning`)."""
     return meaning_digest(recipe)
 
 

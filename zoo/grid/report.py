@@ -18,7 +18,7 @@ from pathlib import Path
 
 from xlstm_zoo.checkpoint import atomic_write
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe import PaperConfig, ReportConfig
+from xlstm_zoo.recipe_loader import PaperConfig, ReportConfig
 from xlstm_zoo.grid.runner import UnreadableResult, read_manifest, read_result
 from xlstm_zoo.training.metrics import read_metrics
 from xlstm_zoo.training.trainer import METRICS

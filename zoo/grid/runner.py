@@ -47,7 +47,7 @@ from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
 from xlstm_zoo.progress import progress_columns
-from xlstm_zoo.recipe import load_recipe
+from xlstm_zoo.recipe_loader import load_recipe
 from xlstm_zoo.training.distributed import check_split, run_torchrun
 from xlstm_zoo.training import signals
 from xlstm_zoo.training.metrics import read_metrics

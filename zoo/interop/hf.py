@@ -29,7 +29,7 @@ from xlstm_zoo.model_files import files
 from xlstm_zoo.pretrained import Plan, save_pretrained as zoo_save_pretrained
 from xlstm_zoo.pretrained.load import load_into
 from xlstm_zoo.pretrained.sources import open_checkpoint
-from xlstm_zoo.recipe import build
+from xlstm_zoo.recipe_loader import build
 from xlstm_zoo.tasks.tokenizer import saved_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -23,8 +23,8 @@ from pathlib import Path
 from xlstm_zoo.checkpoint import FORMAT, atomic_write, json_text
 from xlstm_zoo.errors import ConfigError, UnknownComponentError
 from xlstm_zoo.model_files import card
-from xlstm_zoo.recipe import Recipe, load_recipe
-from xlstm_zoo.recipe.meaning import components
+from xlstm_zoo.recipe_loader import Recipe, load_recipe
+from xlstm_zoo.recipe_loader.meaning import components
 from xlstm_zoo.registry import registry
 from xlstm_zoo.tasks.tokenizer import TOKENIZER_CONFIG, TOKENIZER_FILE, saved_tokenizer
 from xlstm_zoo.version import __version__

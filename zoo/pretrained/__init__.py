@@ -26,7 +26,7 @@ from xlstm_zoo.pretrained.load import build_meta, load_into
 from xlstm_zoo.pretrained.mapping import MappingError, Rule
 from xlstm_zoo.pretrained.sources import LAYOUTS, Opened, open_checkpoint
 from xlstm_zoo.pretrained.tensorfile import write_sharded
-from xlstm_zoo.recipe import Recipe, load_recipe
+from xlstm_zoo.recipe_loader import Recipe, load_recipe
 from xlstm_zoo.tasks.tokenizer import saved_tokenizer
 from xlstm_zoo.version import __version__
 

@@ -17,8 +17,8 @@ from torch import nn
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.pretrained.mapping import Rule, check, convert, targets
 from xlstm_zoo.pretrained.tensorfile import TensorSource
-from xlstm_zoo.recipe import build, load_recipe
-from xlstm_zoo.recipe.sizes import GiB, available_memory, model_bytes
+from xlstm_zoo.recipe_loader import build, load_recipe
+from xlstm_zoo.recipe_loader.sizes import GiB, available_memory, model_bytes
 
 
 def ensure_memory(model: nn.Module, source: TensorSource, dtype: torch.dtype, device: torch.device) -> None:

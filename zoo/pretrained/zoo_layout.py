@@ -11,7 +11,7 @@ import torch
 from xlstm_zoo.checkpoint import RECIPE, WEIGHTS, write_model_files
 from xlstm_zoo.pretrained.mapping import Rule, targets
 from xlstm_zoo.pretrained.tensorfile import TensorSource
-from xlstm_zoo.recipe import read_yaml
+from xlstm_zoo.recipe_loader import read_yaml
 
 
 def write(directory: Path, recipe_yaml: str, model: torch.nn.Module) -> list[str]:

@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe.meaning import implementations
+from xlstm_zoo.recipe_loader.meaning import implementations
 from xlstm_zoo.training.early_stop import EarlyStopper
 
 STREAK = "early_stop_streak"
 RNG = "rng"
-IMPLEMENTATIONS = "implementations"  # overridden components the run used (xlstm_zoo.recipe.meaning)
+IMPLEMENTATIONS = "implementations"  # overridden components the run used (xlstm_zoo.recipe_loader.meaning)
 
 
 def between_steps(stopper: EarlyStopper, device: str, recipe) -> dict:

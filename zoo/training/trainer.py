@@ -39,9 +39,9 @@ from xlstm_zoo.training.metrics import MetricsLog, read_metrics
 from xlstm_zoo.training.preflight import check_device, probe_failed_plugins
 from xlstm_zoo.training.resume import between_steps, check_implementations, restore_between_steps
 from xlstm_zoo.training.schedule import lr_factor
-from xlstm_zoo.recipe import build, with_task_vocab
-from xlstm_zoo.recipe.meaning import meaning
-from xlstm_zoo.recipe.sizes import check_training_fits
+from xlstm_zoo.recipe_loader import build, with_task_vocab
+from xlstm_zoo.recipe_loader.meaning import meaning
+from xlstm_zoo.recipe_loader.sizes import check_training_fits
 
 CHECKPOINT = "checkpoint"  # a directory: see xlstm_zoo.checkpoint
 METRICS = "metrics.jsonl"

@@ -13,10 +13,10 @@ from torch import nn
 
 from xlstm_zoo.config import BuildContext, ZooConfig, build as build_component, format_validation_error
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe.files import load_with_extends, resolve_recipe
-from xlstm_zoo.recipe.overrides import apply_override, parse_override, profile_overrides
-from xlstm_zoo.recipe.schema import Recipe
-from xlstm_zoo.recipe.sizes import check_model_fits
+from xlstm_zoo.recipe_loader.files import load_with_extends, resolve_recipe
+from xlstm_zoo.recipe_loader.overrides import apply_override, parse_override, profile_overrides
+from xlstm_zoo.recipe_loader.schema import Recipe
+from xlstm_zoo.recipe_loader.sizes import check_model_fits
 
 
 def load_recipe(source: str | Path | dict | Recipe, overrides: list[str] | None = None,

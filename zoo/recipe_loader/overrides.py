@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from xlstm_zoo.errors import ConfigError
-from xlstm_zoo.recipe.schema import Recipe
+from xlstm_zoo.recipe_loader.schema import Recipe
 from xlstm_zoo.registry import registry
 
 

@@ -9,13 +9,13 @@
 The shipped recipe files are data, in the separate package ``xlstm_zoo.recipes``.
 """
 
-from xlstm_zoo.recipe.files import load_yaml, merge, read_yaml, resolve_recipe, shipped_recipes, shipped_recipes_dir
-from xlstm_zoo.recipe.grid import GridConfig, PaperConfig, ReportConfig
-from xlstm_zoo.recipe.launch import LaunchConfig
-from xlstm_zoo.recipe.load import build, load_recipe, validate_recipe, with_task_vocab
-from xlstm_zoo.recipe.overrides import apply_override, parse_override, profile_overrides
-from xlstm_zoo.recipe.schema import SECTIONS, Recipe
-from xlstm_zoo.recipe.train import TrainConfig
+from xlstm_zoo.recipe_loader.files import load_yaml, merge, read_yaml, resolve_recipe, shipped_recipes, shipped_recipes_dir
+from xlstm_zoo.recipe_loader.grid import GridConfig, PaperConfig, ReportConfig
+from xlstm_zoo.recipe_loader.launch import LaunchConfig
+from xlstm_zoo.recipe_loader.load import build, load_recipe, validate_recipe, with_task_vocab
+from xlstm_zoo.recipe_loader.overrides import apply_override, parse_override, profile_overrides
+from xlstm_zoo.recipe_loader.schema import SECTIONS, Recipe
+from xlstm_zoo.recipe_loader.train import TrainConfig
 
 __all__ = ["GridConfig", "LaunchConfig", "PaperConfig", "Recipe", "ReportConfig", "SECTIONS", "TrainConfig", "apply_override", "build",
            "load_recipe", "load_yaml", "merge", "parse_override", "profile_overrides", "read_yaml", "resolve_recipe",

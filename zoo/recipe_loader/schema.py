@@ -14,9 +14,9 @@ from pydantic import Field, PrivateAttr
 
 from xlstm_zoo.config import Spec, ZooConfig
 from xlstm_zoo.models.lm import CausalLMConfig
-from xlstm_zoo.recipe.grid import GridConfig, ReportConfig
-from xlstm_zoo.recipe.launch import LaunchConfig
-from xlstm_zoo.recipe.train import TrainConfig
+from xlstm_zoo.recipe_loader.grid import GridConfig, ReportConfig
+from xlstm_zoo.recipe_loader.launch import LaunchConfig
+from xlstm_zoo.recipe_loader.train import TrainConfig
 
 SECTIONS = ("model", "task", "train", "grid", "report", "launch")
 
