@@ -134,20 +134,29 @@ def test_cu_seqlens_is_doc_starts_of_one_row():
     assert not torch.allclose(a[:, 4:], c[:, 4:])  # the boundaries change what follows them
 
 
-def test_step_reset_restarts_the_chosen_rows():
-    model = build("models/xlstm_1_1")
+@pytest.mark.parametrize("name", MODELS)
+def test_step_reset_restarts_the_chosen_rows(name):
+    """``step(reset=rows)`` then more steps: the reset rows' logits are a fresh sequence's (attention's cache of
+    the row emptied, every other state restarted), the other row's those of carrying on."""
+    model = build(name)
     vocab = model.embedding.num_embeddings
-    prefix = torch.randint(0, vocab, (3, 7))
-    token = torch.randint(0, vocab, (3,))
+    g = torch.Generator().manual_seed(4)
+    prefix, tokens = torch.randint(0, vocab, (3, 7), generator=g), torch.randint(0, vocab, (4, 3), generator=g)
+    reset = torch.tensor([True, False, True])
     with torch.no_grad():
         _, state = model(prefix)
-        got, new_state = model.step(token, state, reset=torch.tensor([True, False, True]))
-        fresh, fresh_state = model.step(token, None)
-        kept, kept_state = model.step(token, state)
-    close(got[[0, 2]], fresh[[0, 2]], "reset rows")
-    close(got[1], kept[1], "kept row")
-    for a, b in zip(flat(select_rows(new_state, slice(0, 1))), flat(select_rows(fresh_state, slice(0, 1)))):
-        close(a, b, "reset row's state")
+        got, fresh, kept = [], [], []
+        reset_state, fresh_state, kept_state = state, None, state
+        for i, token in enumerate(tokens):
+            y, reset_state = model.step(token, reset_state, reset=reset if i == 0 else None)
+            got.append(y)
+            y, fresh_state = model.step(token, fresh_state)
+            fresh.append(y)
+            y, kept_state = model.step(token, kept_state)
+            kept.append(y)
+    for i, (a, b, c) in enumerate(zip(got, fresh, kept)):
+        close(a[[0, 2]], b[[0, 2]], f"{name}: reset rows, step {i}")
+        close(a[1], c[1], f"{name}: kept row, step {i}")
 
 
 def test_no_boundaries_is_the_plain_call():
