@@ -88,7 +88,8 @@ __attribute__((noinline)) void wkv_row_backward(const float* __restrict k, const
             const float a2 = vexp(decayed - next), b2 = vexp(key - next);
             const float n2 = a2 * n[c] + b2 * value, d2 = a2 * d[c] + b2;
             const float via_max = gm[c] - gn[c] * n2 - gd[c] * d2;  // d/d(m'), n' and d' scaled by e^-m'
-            const float to_decayed = decayed > key ? 1.0f : (decayed < key ? 0.0f : 0.5f);
+            // 1, 0 or 1/2 on a tie (written so that the loop vectorises)
+            const float to_decayed = 0.5f + 0.5f * ((decayed > key ? 1.0f : 0.0f) - (decayed < key ? 1.0f : 0.0f));
             const float g_decayed = a2 * (gn[c] * n[c] + gd[c] * d[c]) + to_decayed * via_max;
             dkt[c] = g_bonus + b2 * (gn[c] * value + gd[c]) + (1.0f - to_decayed) * via_max;
             dvt[c] = g * b + gn[c] * b2;
