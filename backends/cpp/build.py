@@ -1,9 +1,8 @@
 """Build the C++ kernels (the sLSTM and LSTM loops and the mLSTM chunkwise form, forward and backward; the
 mLSTM step, a step's linear maps and the xLSTM-7B block's whole step for generation; the gated MLP's SiLU
 and GELU gates, RMSNorm, the soft cap, the per-head LayerNorm (with or without the 7B cell's output gate),
-the conv blocks' causal conv + SiLU and the block-diagonal map of small blocks, one pass each way; RWKV-4's WKV
-forward for inference) once per
-machine and load them with ctypes.
+the conv blocks' causal conv + SiLU, the block-diagonal map of small blocks and RWKV-4's WKV recurrence, one
+pass each way) once per machine and load them with ctypes.
 
 No torch headers and no Python extension module: plain C++ files, compiled by the system compiler in a
 few seconds into one shared library cached under ``~/.cache/xlstm_zoo/cpp`` (or

@@ -49,9 +49,7 @@ FORWARD_ONLY = {"mlstm.step--triton": "forward-only kernel (generation): with au
                 "mlstm7b_block.step--cpp": "forward-only kernel (generation): the op serves steps without gradients",
                 "mlstm7b_block.step--reference": "the generation step's form: no gradients asked of it",
                 "mlstm.step--cpp": "forward-only kernel (generation): with autograd on it calls the reference step",
-                "linear.step--cpp": "forward-only kernel (generation): layers call it only when no gradient is wanted",
-                **{f"rwkv_wkv.{form}--cpp": "forward-only kernel: with autograd on it calls the reference form"
-                   for form in ("recurrent", "chunkwise")}}
+                "linear.step--cpp": "forward-only kernel (generation): layers call it only when no gradient is wanted"}
 
 
 @dataclass(frozen=True)

@@ -81,28 +81,40 @@ def test_compiled_pass_equals_the_recurrent_form_and_leaves_the_state_alone():
 
 
 @needs_cpp
-def test_cell_runs_the_compiled_pass_only_without_gradients_and_unforced(monkeypatch):
-    """The dispatcher picks the compiled kernel for the cell's float32 CPU call, and the kernel runs the
-    compiled pass only where no gradient is wanted; forcing the reference backend keeps it away."""
+def test_cell_runs_the_compiled_kernel_both_ways_unless_forced(monkeypatch):
+    """The dispatcher picks the compiled kernel for the cell's float32 CPU call, with autograd (its forward and
+    its own backward) and without; the cell's gradients equal those with the reference backend forced, which
+    keeps the compiled kernel away."""
     from xlstm_zoo.backends.cpp.build import library
     from xlstm_zoo.cells.rwkv import RWKVConfig, RWKVTimeMix
     from xlstm_zoo.config import BuildContext
 
     lib, calls = library(), []
-    entry = lib.xlstm_zoo_rwkv_wkv_forward_f32
-    monkeypatch.setattr(lib, "xlstm_zoo_rwkv_wkv_forward_f32", lambda *a: calls.append(1) or entry(*a))
+    for way in ("forward", "backward"):
+        entry = getattr(lib, f"xlstm_zoo_rwkv_wkv_{way}_f32")
+        monkeypatch.setattr(lib, f"xlstm_zoo_rwkv_wkv_{way}_f32",
+                            lambda *a, way=way, entry=entry: calls.append(way) or entry(*a))
     cell = RWKVTimeMix(RWKVConfig(), BuildContext(dim=16))
     x = torch.randn(2, 9, 16)
-    y_grad = cell(x)[0]
-    assert calls == []
+
+    def gradients():
+        cell.zero_grad(set_to_none=True)
+        y = cell(x)[0]
+        y.pow(2).sum().backward()
+        return y, [p.grad for p in cell.parameters()]
+
+    y_grad, compiled = gradients()
+    assert calls == ["forward", "backward"]
     with torch.no_grad():
         y = cell(x)[0]
-    assert calls == [1]
-    assert_close(y, y_grad, kind="kernel", what="cell output, compiled vs with autograd")
+    assert calls == ["forward", "backward", "forward"]
+    assert_close(y, y_grad, kind="kernel", what="cell output, without vs with autograd")
     monkeypatch.setenv("XLSTM_ZOO_BACKEND", "reference")
-    with torch.no_grad():
-        cell(x)
-    assert calls == [1]
+    y_reference, reference = gradients()
+    assert len(calls) == 3
+    assert_close(y_grad, y_reference, kind="kernel", what="cell output, compiled vs reference")
+    for (name, _), a, e in zip(cell.named_parameters(), compiled, reference):
+        assert_close(a, e, kind="kernel", what=f"cell gradient of {name}, compiled vs reference")
 
 
 def test_op_names_bad_input_and_passes_an_empty_sequence():

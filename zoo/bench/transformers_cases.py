@@ -36,8 +36,7 @@ def rwkv_cases(scale: Scale) -> list[Case]:
             torch.manual_seed(scale.seed)
             stack = build(load_recipe("rwkv", overrides)).stack
             return Prepared(wrap(stack, stack_input(scale)), count(stack),
-                            note="rwkv recipe, one layer (tc): the WKV loop compiled without gradients, "
-                                 "chunkwise (16) under autograd")
+                            note="rwkv recipe, one layer (tc): the WKV loop compiled, forward and backward")
 
         def baseline(wrap=wrap):
             layer = _transformers_rwkv_layer(scale)
