@@ -17,11 +17,14 @@ import torch.nn.functional as F
 
 from xlstm_zoo import packed
 from xlstm_zoo.backends.block_step import BlockStepSizes, BlockStepWeights, mlstm7b_block_step
-from xlstm_zoo.backends.dispatch import TRACED_KERNELS, Backend, explain, select, select_packed, traced_op
+from xlstm_zoo.backends.dispatch import (TRACED_KERNELS, Backend, explain, select, select_packed, select_whole,
+                                         traced_op)
 from xlstm_zoo.backends.gating import GATE_SCHEMES, GateSchemes, log_gate
 from xlstm_zoo.backends.kernel import custom_op, exporting, readable, tracing
 from xlstm_zoo.backends.reference import KERNELS as _REFERENCE
+from xlstm_zoo.backends.reference.lstm import lstm_projected as _project_then
 from xlstm_zoo.backends.reference.rwkv import WKV_FORMS
+from xlstm_zoo.backends.reference.scalar_recurrence import assemble_wx
 from xlstm_zoo.backends.reference.selective_scan import SCAN_FORMS
 from xlstm_zoo.backends.states import LSTMState, MLSTMState, SLSTMState, WKVState
 from xlstm_zoo.packed import check_doc_starts
@@ -32,9 +35,9 @@ REFERENCE_KERNELS = {kernel.dispatch_op: kernel.run for kernel in _REFERENCE}  #
 __all__ = [
     "Backend", "GateSchemes", "GATE_SCHEMES", "LSTMState", "MLSTMState", "MLSTM_FORMS", "SCAN_FORMS", "SLSTMState",
     "WKVState", "WKV_FORMS", "explain", "log_gate", "select", "rwkv_wkv_sequence", "rwkv_wkv_step",
-    "linear_step", "lstm_sequence", "lstm_step", "mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step",
+    "assemble_wx", "linear_step", "lstm_projected", "lstm_sequence", "lstm_step", "mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step",
     "BlockStepSizes", "BlockStepWeights", "mlstm7b_block_step", "selective_scan",
-    "accelerated", "block_diagonal", "causal_conv_silu", "lstm_time_major", "gelu_gate", "head_norm", "head_norm_gate", "rms_norm", "silu_gate", "soft_cap",
+    "block_diagonal", "causal_conv_silu", "gelu_gate", "head_norm", "head_norm_gate", "rms_norm", "silu_gate", "soft_cap",
 ]
 
 
@@ -120,13 +123,25 @@ def lstm_step(wx_t, R, state: LSTMState | None, *, backend: str | None = None) -
     return impl.ops["lstm_step"](wx_t, R, state)
 
 
-def lstm_time_major(W, R, c0, h0, *, rows: int | None = None, doc_starts: torch.Tensor | None = None):
-    """:func:`lstm_sequence` on time-major tensors as they are: ``W [T,H,B,4Dh]``, ``R [H,Dh,4Dh]``,
-    ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``, ``c_T, h_T [H,B,Dh]``. ``rows``: see :func:`accelerated`;
-    ``doc_starts [B, T]``: as for :func:`lstm_sequence`."""
-    packed = _boundaries(doc_starts, W.shape[2], W.shape[0])
-    return _layer("lstm_time_major", W, R, c0, h0, width=W.shape[1] * W.shape[3] // 4, rows=rows,
-                  **_asks(packed))(W, R, c0, h0, **packed)
+def lstm_projected(x, w_x, b_x, w_v, b_v, R, state: LSTMState | None = None, *, value_input=None,
+                   doc_starts: torch.Tensor | None = None, backend: str | None = None) -> tuple[torch.Tensor, LSTMState]:
+    """An LSTM from its input ``x [B,T,I]``: gates i, f from ``x W_x^T + b_x`` (``w_x [2D,I]``), z, o from
+    ``value_input`` (``x`` where None) through ``w_v, b_v``, the recurrence ``R [H,Dh,4Dh]`` -> ``h [B,T,D]`` and
+    the final state ``[B,H,Dh]``. A backend whose kernel takes the call runs it whole (torch's fused LSTM, the
+    compiled loops on a time-major projection); elsewhere the projection, then :func:`lstm_sequence`."""
+    _require("lstm_projected", x.dim() == 3, lambda: (f"x {_shape(x)}", "x [B, T, I]"))
+    H, Dh = R.shape[0], R.shape[-2]
+    packed = _boundaries(doc_starts, x.shape[0], x.shape[1])
+    # One head: torch.lstm wastes nothing, so rows and a value stream decide between it and the compiled loops;
+    # several heads: the width of the block-diagonal recurrence torch.lstm would run, zeros between heads.
+    shape = {"rows": x.shape[0], "value_input": int(value_input is not None)} if H == 1 else {"blockdiag_width": H * Dh}
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    whole = select_whole("lstm_projected", x.device, dtype, force=backend, width=H * Dh, **shape,
+                         readable=readable(x, w_x, b_x, w_v, b_v, R), **_asks(packed))
+    if whole is None:
+        return _project_then(x, w_x, b_x, w_v, b_v, R, state, value_input=value_input, sequence=functools.partial(
+            lstm_sequence, backend=backend), **packed)
+    return whole.ops["lstm_projected"](x, w_x, b_x, w_v, b_v, R, state, value_input, **packed)
 
 
 def rwkv_wkv_sequence(k, v, w, u, state: WKVState | None = None, *, form: str = "chunkwise", chunk_size: int = 16,
@@ -165,12 +180,6 @@ def _check_wkv(op, k, v, w, u, state, tokens: str, dims: int) -> None:
     _require(op, ok, lambda: (f"k {_shape(k)}, v {_shape(v)}, w {_shape(w)}, u {_shape(u)}, state "
                               f"{None if state is None else [_shape(s) for s in state]}",
                               f"{tokens}, w and u [C], state None or (num, den, m) each [B, C]"))
-
-
-def accelerated(op: str, x: torch.Tensor, *others: torch.Tensor | None, **options) -> bool:
-    """Whether a kernel other than the reference would run ``op`` on these tensors with these options: a caller
-    with a fast path of its own (an LSTM cell's torch.lstm) takes it where none would."""
-    return not tracing() and select(op, x.device, x.dtype, readable=readable(x, *others), **options).name != "reference"
 
 
 def linear_step(x, weight, bias=None, *, backend: str | None = None) -> torch.Tensor:

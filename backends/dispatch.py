@@ -22,7 +22,7 @@ import torch
 from xlstm_zoo.backends.kernel import STRICT_FORCE_OPS, Backend, Kernel
 from xlstm_zoo.errors import BackendError
 
-__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "forced", "select", "select_packed",
+__all__ = ["BACKENDS", "Backend", "BackendTable", "ENV_FORCE", "explain", "forced", "select", "select_packed", "select_whole",
            "TRACED_KERNELS", "traced_op"]
 
 ENV_FORCE = "XLSTM_ZOO_BACKEND"
@@ -133,6 +133,23 @@ def traced_op(op: str, device_type: str, dtype_name: str, force: str | None = No
                     TRACED_KERNELS[kernel.traced_op] = kernel
                     return kernel.traced_op
     return ""
+
+
+def select_whole(op: str, device: torch.device, dtype: torch.dtype, *, force: str | None = None,
+                 **options) -> Backend | None:
+    """For an op whose op function has a general route through other ops (``lstm_projected``: the projection, then
+    ``lstm_sequence``): the backend whose kernel runs the call whole, None where the general route serves.
+    Unforced, the highest-priority backend above the reference (whose kernel is the general route on its own
+    loops); forced, the forced backend if its kernel takes the call (else the general route, forced)."""
+    force = force or forced()
+    if force is None:
+        try:
+            chosen = select(op, device, dtype, **options)
+        except BackendError:
+            return None
+        return None if chosen.name == "reference" else chosen
+    chosen = _backends().get(force)
+    return chosen if chosen is not None and _status(chosen, op, device, dtype, options) == "ok" else None
 
 
 def select_packed(op: str, device: torch.device, dtype: torch.dtype, *, force: str | None = None,

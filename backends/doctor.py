@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from xlstm_zoo.backends.cpp.build import built_with, compiler
-from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, select
+from xlstm_zoo.backends.dispatch import ENV_FORCE, explain, forced, select
 from xlstm_zoo.backends.kernel import BOUNDARY_OPS, SHAPES, op_function
 from xlstm_zoo.backends.triton import triton_missing_reason
 from xlstm_zoo.errors import BackendError
@@ -23,7 +23,10 @@ OPS = tuple(dict.fromkeys(op_function(op, form) for op, form in SHAPES))
 PACKED_OPS = tuple(dict.fromkeys(op_function(op, form) for op, form in SHAPES if op in BOUNDARY_OPS and form != "step"))
 OP_OPTIONS = {"mlstm_sequence": {"form": "chunkwise", "chunk_size": 64}, "head_norm": {"heads": 4},
               "block_diagonal": {"block": 4, "width": 128}, "selective_scan": {"form": "chunked"},
-              "rwkv_wkv_sequence": {"form": "chunkwise", "chunk_size": 16}}  # the cells' defaults
+              "rwkv_wkv_sequence": {"form": "chunkwise", "chunk_size": 16},  # the cells' defaults
+              "lstm_projected": {"width": 128, "rows": 4, "value_input": 0}}  # a one-head cell of 128 units
+# Where only the reference would run it unforced, the op function takes a general route through other ops.
+GENERAL_ROUTES = {"lstm_projected": "general route: the projection, then lstm_sequence"}
 # The choice for tensors a compiled kernel can read (plain, not empty, one dtype and device, nothing tracing).
 READABLE = {"readable": True}
 
@@ -98,6 +101,7 @@ def op_choices(device: torch.device, dtype: torch.dtype) -> list[OpChoice]:
             statuses = {name: status for name, _, status in explain(op, device, dtype, **options)}
             try:
                 uses = select(op, device, dtype, **options).name
+                uses = GENERAL_ROUTES.get(op, uses) if uses == "reference" and forced() is None else uses
             except BackendError as err:
                 # packed: the module above the op runs each document alone (xlstm_zoo.packed.packable)
                 uses = "none: each document alone, one call each" if packed else f"none: {err}"

@@ -36,7 +36,8 @@ SHAPES = {
     ("slstm", "step"): "wx [B,H,4Dh]; R [H,Dh,4Dh] -> h [B,H,Dh]; state (c, n, m, h)",
     ("lstm", "sequence"): "wx [B,H,T,4Dh]; R [H,Dh,4Dh] -> h [B,H,T,Dh]; state (c, h)",
     ("lstm", "step"): "wx [B,H,4Dh]; R [H,Dh,4Dh] -> h [B,H,Dh]; state (c, h)",
-    ("lstm", "time_major"): "W [T,H,B,4Dh]; R [H,Dh,4Dh]; c0, h0 [H,B,Dh] -> h [T,H,B,Dh]; c_T, h_T [H,B,Dh]",
+    ("lstm", "projected"): ("x [B,T,I]; w_x, w_v [2D,I]; b_x, b_v [2D]; R [H,Dh,4Dh] (D = H*Dh; i, f from x, z, o "
+                            "from value_input [B,T,I] or x) -> h [B,T,D]; state (c, h)"),
     ("rwkv_wkv", "chunkwise"): "k, v [B,T,C]; w, u [C] -> wkv [B,T,C]; state (num, den, m)",
     ("rwkv_wkv", "recurrent"): "k, v [B,T,C]; w, u [C] -> wkv [B,T,C]; state (num, den, m)",
     ("rwkv_wkv", "step"): "k, v [B,C]; w, u [C] -> wkv [B,C]; state (num, den, m)",
@@ -67,11 +68,15 @@ OWN_NAME_OPS = ("selective_scan",)
 STRICT_FORCE_OPS = ("mlstm_sequence", "mlstm_step", "slstm_sequence", "slstm_step", "lstm_sequence", "lstm_step")
 
 
+# Forms reached through an op function of their own (``lstm_projected``), not the op's sequence function.
+OWN_FUNCTION_FORMS = ("step", "projected")
+
+
 def op_function(op: str, form: str) -> str:
     """The op function (``xlstm_zoo.backends.<name>``) that reaches the kernels of ``op.form``."""
     if form == "layer" or op in OWN_NAME_OPS:
         return op
-    if form in ("step", "time_major"):
+    if form in OWN_FUNCTION_FORMS:
         return f"{op}_{form}"
     return f"{op}_sequence"
 
@@ -175,7 +180,7 @@ class Kernel:
         if op != self.dispatch_op:
             return False
         option, default = SEQUENCE_FORM_OPTION.get(self.op, (None, None))
-        if self.form not in ("step", "time_major") and option is not None:
+        if self.form not in OWN_FUNCTION_FORMS and option is not None:
             return options.get(option, default) == self.form
         return True
 

@@ -18,7 +18,7 @@ import torch
 from xlstm_zoo.backends.cpp.build import CppBuildWarning, unavailable_reason
 from xlstm_zoo.backends.cpp import (block_diagonal, block_step, causal_conv, gated_activation, head_norm_gate, linear, rms_norm,
                                     selective_scan, soft_cap)
-from xlstm_zoo.backends.cpp.lstm import TIME_MAJOR_KERNEL, lstm_sequence
+from xlstm_zoo.backends.cpp.lstm import PROJECTED_KERNEL, lstm_sequence
 from xlstm_zoo.backends.cpp.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.cpp.rwkv import KERNELS as RWKV_KERNELS
 from xlstm_zoo.backends.cpp.slstm import slstm_sequence
@@ -38,7 +38,7 @@ KERNELS = (
            notes="C++ forward and backward loops; halves compute in float32"),
     Kernel("lstm", "sequence", "cpp", lstm_sequence, devices=("cpu",), dtypes=FLOAT_DTYPES, doc_starts=True,
            notes="C++ forward and backward loops; halves compute in float32"),
-    TIME_MAJOR_KERNEL,
+    PROJECTED_KERNEL,
     linear.KERNEL,
     rms_norm.KERNEL, *head_norm_gate.KERNELS, soft_cap.KERNEL, *gated_activation.KERNELS, causal_conv.KERNEL,
     block_diagonal.KERNEL, block_step.KERNEL, *selective_scan.KERNELS,

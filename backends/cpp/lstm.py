@@ -14,9 +14,10 @@ from xlstm_zoo.backends.fused.lstm import run_sequence
 from xlstm_zoo.backends.fused.time_major import (entering, from_time_major, recurrent_weight_grad, state_in, state_out,
                                                  time_major_starts, to_time_major)
 from xlstm_zoo.backends.kernel import Kernel, Limit
+from xlstm_zoo.backends.reference.lstm import lstm_projected as reference_projected
 from xlstm_zoo.backends.states import LSTMState
 
-__all__ = ["TIME_MAJOR_KERNEL", "lstm_sequence", "lstm_time_major"]
+__all__ = ["PROJECTED_KERNEL", "lstm_projected", "lstm_sequence", "lstm_time_major"]
 
 # The C entries this module calls (argument types; see build.c_entry).
 for _dtype in ("f32", "f64"):
@@ -107,9 +108,29 @@ def lstm_time_major(W: torch.Tensor, R: torch.Tensor, c0: torch.Tensor, h0: torc
     return _CppLSTMTimeMajor.apply(W, R, c0, h0, doc_starts)
 
 
-# Where the loops on time-major tensors beat torch's own LSTM (oneDNN), which an LSTM cell runs otherwise: from
-# 64 units wide, and for one head (the only case where torch.lstm does no wasted work) on at most 4 rows; the
-# cell passes ``rows`` only then (docs/performance.md has the measurements).
-TIME_MAJOR_KERNEL = Kernel("lstm", "time_major", "cpp", lstm_time_major, devices=("cpu",), dtypes=(torch.float32,),
-                           opaque=True, doc_starts=True, limits=(Limit("width", low=64), Limit("rows", high=4)),
-                           notes="the loops on the layout as it is: no copies; limits where they beat torch.lstm")
+def lstm_projected(x, w_x, b_x, w_v, b_v, R, state: LSTMState | None = None, value_input=None, *,
+                   doc_starts: torch.Tensor | None = None) -> tuple[torch.Tensor, LSTMState]:
+    """The projected form (:func:`xlstm_zoo.backends.lstm_projected`). One head, ``x`` alone: the projection of all
+    tokens as one GEMM written time-major, and the loops on it as it is (no layout copy of the [T, B, 4D]
+    pre-activations either way; :func:`lstm_sequence` makes two). Several heads: the projection, then
+    :func:`lstm_sequence`."""
+    if R.shape[0] > 1 or value_input is not None:
+        return reference_projected(x, w_x, b_x, w_v, b_v, R, state, value_input=value_input, doc_starts=doc_starts,
+                                   sequence=lstm_sequence)
+    B, T, I = x.shape
+    W = torch.addmm(torch.cat([b_x, b_v]), x.transpose(0, 1).reshape(T * B, I), torch.cat([w_x, w_v]).t())
+    c0, h0 = (torch.zeros(1, B, R.shape[1], dtype=x.dtype) for _ in range(2)) if state is None else (
+        s.transpose(0, 1) for s in state)  # [B, 1, D] -> [1, B, D]
+    h, c_T, h_T = lstm_time_major(W.view(T, 1, B, -1), R, c0, h0, doc_starts=doc_starts)
+    return h[:, 0].transpose(0, 1), LSTMState(c_T.transpose(0, 1), h_T.transpose(0, 1))
+
+
+# Where the loops on time-major tensors beat torch's own LSTM (oneDNN, the fused backend's lstm.projected kernel):
+# from 64 units wide, and for one head (the only case where torch.lstm does no wasted work) with x alone on at most
+# 4 rows; the op passes ``rows`` and ``value_input`` for one head only (docs/performance.md has the measurements).
+# Several heads at these widths run the sequence loops, ahead of torch.lstm's heads-times recurrent work.
+PROJECTED_KERNEL = Kernel("lstm", "projected", "cpp", lstm_projected, devices=("cpu",), dtypes=(torch.float32,),
+                          opaque=True, doc_starts=True,
+                          limits=(Limit("width", low=64), Limit("rows", high=4), Limit("value_input", allowed=(0,))),
+                          notes="one head: the loops on a time-major projection, no copies; several: the sequence "
+                                "loops; limits where they beat torch.lstm")

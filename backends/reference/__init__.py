@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from xlstm_zoo.backends.kernel import Kernel, declare_backend
 from xlstm_zoo.backends.reference import layers
 from xlstm_zoo.backends.reference.block_step import mlstm7b_block_step
-from xlstm_zoo.backends.reference.lstm import lstm_sequence, lstm_step, lstm_time_major
+from xlstm_zoo.backends.reference.lstm import lstm_projected, lstm_sequence, lstm_step
 from xlstm_zoo.backends.reference.mlstm import mlstm_sequence, mlstm_step
 from xlstm_zoo.backends.reference.rwkv import rwkv_wkv_sequence, rwkv_wkv_step
 from xlstm_zoo.backends.reference.selective_scan import selective_scan
@@ -20,8 +20,8 @@ KERNELS = (
     Kernel("slstm", "step", "reference", slstm_step),
     Kernel("lstm", "sequence", "reference", lstm_sequence, doc_starts=True),
     Kernel("lstm", "step", "reference", lstm_step),
-    Kernel("lstm", "time_major", "reference", lstm_time_major, doc_starts=True,
-           notes="the sequence form through two layout copies"),
+    Kernel("lstm", "projected", "reference", lstm_projected, doc_starts=True,
+           notes="the projection as two matmuls, then the sequence form"),
     Kernel("rwkv_wkv", "chunkwise", "reference", rwkv_wkv_sequence, doc_starts=True,
            notes="all pairs within a chunk; any chunk size"),
     Kernel("rwkv_wkv", "recurrent", "reference", rwkv_wkv_sequence, doc_starts=True, notes="a loop of the step"),

@@ -7,11 +7,12 @@ Zero state: ``c = h = 0``. Layout and dtypes: see
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from xlstm_zoo.backends.reference.scalar_recurrence import recurrent_matmul, run_sequence, run_step
+from xlstm_zoo.backends.reference.scalar_recurrence import assemble_wx, recurrent_matmul, run_sequence, run_step
 from xlstm_zoo.backends.states import LSTMState
 
-__all__ = ["lstm_sequence", "lstm_step", "lstm_time_major"]
+__all__ = ["gate_preactivations", "lstm_projected", "lstm_sequence", "lstm_step"]
 
 
 def _cell(wx_t: torch.Tensor, R: torch.Tensor, s: LSTMState) -> LSTMState:
@@ -33,10 +34,18 @@ def lstm_sequence(wx: torch.Tensor, R: torch.Tensor, state: LSTMState | None = N
     return run_sequence(_cell, wx, R, state, LSTMState.zeros, "LSTM", doc_starts)
 
 
-def lstm_time_major(W: torch.Tensor, R: torch.Tensor, c0: torch.Tensor, h0: torch.Tensor, *,
-                    doc_starts: torch.Tensor | None = None):
-    """:func:`lstm_sequence` on time-major tensors: ``W [T,H,B,4Dh]``, ``c0, h0 [H,B,Dh]`` -> ``h [T,H,B,Dh]``,
-    ``c_T, h_T [H,B,Dh]``; ``doc_starts [B, T]`` as there."""
-    h, (c_T, h_T) = lstm_sequence(W.permute(2, 1, 0, 3), R, LSTMState(c0.transpose(0, 1), h0.transpose(0, 1)),
-                                  doc_starts=doc_starts)
-    return h.permute(2, 1, 0, 3), c_T.transpose(0, 1), h_T.transpose(0, 1)
+def gate_preactivations(x, w_x, b_x, w_v, b_v, heads: int, value_input=None) -> torch.Tensor:
+    """The sequence form's ``wx [B,H,T,4Dh]`` from the projected form's input: ``i, f`` from ``x``, ``z, o`` from
+    ``value_input`` (``x`` where None)."""
+    i, f = F.linear(x, w_x, b_x).chunk(2, dim=-1)
+    z, o = F.linear(x if value_input is None else value_input, w_v, b_v).chunk(2, dim=-1)
+    return assemble_wx(i, f, z, o, heads)
+
+
+def lstm_projected(x, w_x, b_x, w_v, b_v, R, state: LSTMState | None = None, value_input=None, *,
+                   doc_starts: torch.Tensor | None = None, sequence=lstm_sequence) -> tuple[torch.Tensor, LSTMState]:
+    """The LSTM from its input ``x [B,T,I]``: the projection, then ``sequence`` (this module's loop; the op function
+    passes the dispatched :func:`xlstm_zoo.backends.lstm_sequence`) -> ``h [B,T,D]`` and the final state."""
+    h, state = sequence(gate_preactivations(x, w_x, b_x, w_v, b_v, R.shape[0], value_input), R, state,
+                        **({} if doc_starts is None else {"doc_starts": doc_starts}))
+    return h.movedim(1, -2).flatten(-2), state

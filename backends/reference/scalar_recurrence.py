@@ -15,6 +15,11 @@ import torch
 from xlstm_zoo.packed import reset_rows, rows_starting
 
 
+def assemble_wx(i, f, z, o, heads: int) -> torch.Tensor:
+    """Four gate pre-activations ``[..., H*Dh]`` -> op layout ``[B, H, (T,) 4*Dh]`` (i, f, z, o)."""
+    return torch.cat([t.unflatten(-1, (heads, -1)) for t in (i, f, z, o)], dim=-1).movedim(-2, 1)
+
+
 def compute_dtype(wx: torch.Tensor) -> torch.dtype:
     return torch.promote_types(wx.dtype, torch.float32)
 

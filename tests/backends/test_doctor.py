@@ -36,6 +36,8 @@ def test_op_choices_are_the_dispatchers_choices():
     assert packed["causal_conv_silu"].uses == ("cpp" if compiled else "reference")
     assert rows["slstm_sequence"].uses == ("cpp" if compiled else "fused")
     assert rows["lstm_sequence"].uses == ("cpp" if compiled else "fused")
+    assert rows["lstm_projected"].uses == ("cpp" if compiled else "fused")  # else torch.lstm
+    assert packed["lstm_projected"].uses == ("cpp" if compiled else "general route: the projection, then lstm_sequence")
     assert rows["mlstm_sequence"].uses == ("cpp" if compiled else "reference")
     assert rows["mlstm_sequence"].statuses["reference"] == "ok"
     assert rows["rwkv_wkv_sequence"].uses == ("cpp" if compiled else "reference")

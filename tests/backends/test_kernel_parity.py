@@ -415,9 +415,20 @@ def _block_diagonal_args(lead, blocks, size_in, size_out, bias):
                              _draw(g, dtype, blocks * size_out) if bias else None)
 
 
-def _time_major_args(T, H, B, Dh):
-    return lambda dtype, g: (_draw(g, dtype, T, H, B, 4 * Dh, scale=1.5), _draw(g, dtype, H, Dh, 4 * Dh, scale=Dh ** -0.5),
-                             _draw(g, dtype, H, B, Dh), _draw(g, dtype, H, B, Dh))
+def _projected_args(B, T, H, Dh, I, value_input, with_state):
+    """x, w_x, b_x, w_v, b_v, R, state, value_input of the projected form."""
+    def make(dtype, g):
+        weights = [_draw(g, dtype, *shape, scale=I ** -0.5 if len(shape) == 2 else 0.5)
+                   for shape in [(2 * H * Dh, I), (2 * H * Dh,)] * 2]
+        state = LSTMState(_draw(g, dtype, B, H, Dh), _draw(g, dtype, B, H, Dh, scale=0.5)) if with_state else None
+        return (_draw(g, dtype, B, T, I), *weights, _draw(g, dtype, H, Dh, 4 * Dh, scale=Dh ** -0.5), state,
+                _draw(g, dtype, B, T, I) if value_input else None)
+    return make
+
+
+def _projected_options(B, H, Dh, value_input):
+    shape = (("rows", B), ("value_input", int(value_input))) if H == 1 else (("blockdiag_width", H * Dh),)
+    return (("width", H * Dh), *shape)
 
 
 def _scan_args(B, T, E, N, form, chunk):
@@ -465,9 +476,12 @@ CALLS = {
                                        _block_diagonal_args(lead, n, i, o, b), (("block", i if i == o else 0), ("width", n * i)))
                                   for lead, n, i, o, b in [((3,), 16, 4, 4, True), ((2, 5), 4, 8, 8, False),
                                                            ((2,), 8, 2, 2, False), ((3,), 4, 3, 5, True)]],
-    ("lstm", "time_major"): [Call(f"T{T}H{H}B{B}D{D}", _time_major_args(T, H, B, D),
-                                  (("width", H * D), ("rows", B)))
-                             for T, H, B, D in [(9, 1, 2, 64), (1, 1, 4, 65), (5, 2, 3, 8)]],
+    # (B, T, H, Dh, I, value_input, state): the C++ loops' one-head time-major path and several-heads path, T = 1.
+    ("lstm", "projected"): [Call(f"B{B}T{T}H{H}D{D}I{I}{'-value' if v else ''}{'-state' if s else ''}",
+                                 _projected_args(B, T, H, D, I, v, s), _projected_options(B, H, D, v))
+                            for B, T, H, D, I, v, s in [(2, 9, 1, 64, 48, False, True), (4, 1, 1, 65, 65, False, False),
+                                                        (3, 5, 2, 8, 12, True, True), (2, 6, 2, 32, 20, True, False),
+                                                        (3, 4, 1, 16, 16, True, False)]],
     # (B, T, E, N, chunk): T = 1, N = 1, E = 1, odd T, channels past one 64-channel group with a tail, T across
     # the compiled backward's 32-token chunks and not a multiple of them.
     **{("selective_scan", form): [Call(f"B{B}T{T}E{E}N{N}{f'-L{L}' if L else ''}", _scan_args(B, T, E, N, form, L),
@@ -501,9 +515,12 @@ def _textbook_block_diagonal(x, w, b):
     return y if b is None else y + b
 
 
-def _textbook_time_major(W, R, c0, h0):
-    h, (c_T, h_T) = textbook_lstm(W.permute(2, 1, 0, 3), R, LSTMState(c0.transpose(0, 1), h0.transpose(0, 1)))
-    return h.permute(2, 1, 0, 3), c_T.transpose(0, 1), h_T.transpose(0, 1)
+def _textbook_projected(x, w_x, b_x, w_v, b_v, R, state, value_input):
+    """The gates per head ([B, H, T, 4Dh], i, f, z, o) from the two projections, then the textbook recurrence."""
+    gates = torch.cat([x @ w_x.T + b_x, (x if value_input is None else value_input) @ w_v.T + b_v], dim=-1)
+    wx = gates.unflatten(-1, (4, R.shape[0], R.shape[1])).permute(0, 3, 1, 2, 4).flatten(-2)
+    h, final = textbook_lstm(wx, R, state)
+    return h.transpose(1, 2).flatten(-2), final
 
 
 def _textbook_scan(u, dt, A, B, C, h, form, chunk_size):
@@ -538,7 +555,7 @@ CALL_TEXTBOOK = {
     "gelu_gate": lambda u: u.chunk(2, -1)[0] * 0.5 * (1 + torch.erf(u.chunk(2, -1)[0] / 2 ** 0.5)) * u.chunk(2, -1)[1],
     "causal_conv_silu": _textbook_conv,
     "block_diagonal": _textbook_block_diagonal,
-    "lstm": _textbook_time_major,
+    "lstm": _textbook_projected,
     "mlstm7b_block": _the_blocks_own_modules,
     "selective_scan": _textbook_scan,
 }

@@ -91,18 +91,17 @@ def _lstm_call(kernel, seq, shared, state, doc_starts):
     return h, tuple(final)
 
 
-def _time_major_make(dtype, wide):
-    (wx,), (R,), state = _recurrent(dtype, wide, slstm=False)
-    return [wx.permute(2, 1, 0, 3).contiguous()], [R], tuple(s.transpose(0, 1).contiguous() for s in state)
+def _projected_make(dtype, wide):
+    (_,), (R,), state = _recurrent(dtype, wide, slstm=False)
+    H, D, I = R.shape[0], R.shape[1], 5  # wide: the C++ loops' one-head time-major path; else several heads
+    weights = [0.5 * _rand(*shape, dtype=dtype) for shape in [(2 * H * D, I), (2 * H * D,)] * 2]
+    return [_rand(len(STARTS), T, I, dtype=dtype)], [*weights, R], state
 
 
-def _time_major_call(kernel, seq, shared, state, doc_starts):
-    W, (R,) = seq[0], shared
-    if state is None:
-        state = tuple(W.new_zeros(W.shape[1], W.shape[2], W.shape[3] // 4) for _ in range(2))
+def _projected_call(kernel, seq, shared, state, doc_starts):
     kw = {} if doc_starts is None else {"doc_starts": doc_starts}
-    h, c_T, h_T = kernel.run(W, R, *state, **kw)
-    return h, (c_T, h_T)
+    h, final = kernel.run(seq[0], *shared, None if state is None else LSTMState(*state), **kw)
+    return h, tuple(final)
 
 
 def _wkv_make(dtype, wide):
@@ -139,7 +138,7 @@ def _scan_call(kernel, seq, shared, state, doc_starts):
 OPS = {
     ("slstm", "sequence"): Op(lambda d, w: _recurrent(d, w, slstm=True), _slstm_call, 0, 2),
     ("lstm", "sequence"): Op(lambda d, w: _recurrent(d, w, slstm=False), _lstm_call, 0, 2),
-    ("lstm", "time_major"): Op(_time_major_make, _time_major_call, 2, 0, 1),
+    ("lstm", "projected"): Op(_projected_make, _projected_call),
     ("rwkv_wkv", "chunkwise"): Op(_wkv_make, _wkv_call),
     ("rwkv_wkv", "recurrent"): Op(_wkv_make, _wkv_call),
     ("selective_scan", "chunked"): Op(_scan_make, _scan_call),

@@ -25,11 +25,6 @@ class SLSTMCellConfig(ZooConfig):
     backend: str | None = Field(None, description="force a backend for this cell (default: dispatcher's choice)")
 
 
-def assemble_wx(i, f, z, o, heads: int) -> torch.Tensor:
-    """Four gate pre-activations ``[..., H*Dh]`` -> op layout ``[B, H, (T,) 4*Dh]`` (i, f, z, o)."""
-    return torch.cat([t.unflatten(-1, (heads, -1)) for t in (i, f, z, o)], dim=-1).movedim(-2, 1)
-
-
 @component("cell", "slstm", config=SLSTMCellConfig, description="sLSTM: exponential gating, normaliser, block-diagonal memory mixing per head")
 class SLSTMCell(Cell):
     def __init__(self, config: SLSTMCellConfig, ctx: BuildContext):
@@ -55,7 +50,7 @@ class SLSTMCell(Cell):
     def _wx(self, x, value_input):
         v_in = x if value_input is None else value_input
         z_bias, o_bias = self.zo_bias.chunk(2)
-        return assemble_wx(self.input_gate(x), self.forget_gate(x), self.z(v_in) + z_bias, self.o(v_in) + o_bias,
+        return ops.assemble_wx(self.input_gate(x), self.forget_gate(x), self.z(v_in) + z_bias, self.o(v_in) + o_bias,
                            self.num_heads)
 
     @takes_doc_starts
