@@ -229,7 +229,7 @@ class _Run:
     parameters: list = field(default_factory=list)  # listed once for the gradient clipping
     last_loss: float = float("nan")
     tokens_seen: int = 0            # trained by this launch
-    tokens_before: int = 0          # trained before a resume (metrics.jsonl's count at the checkpoint's step)
+    tokens_before: int = 0          # trained before a resume (the checkpoint's count)
     train_seconds: float = 0.0      # in training steps only (evaluations and checkpoints left out): tokens/s
     step_started: float = 0.0
     progress: Any = None
@@ -261,9 +261,10 @@ class _Run:
         found = find_checkpoint(run_dir / CHECKPOINT) if run_dir is not None else None
         run.stopper = EarlyStopper(cfg.early_stop)
         if found is not None:
-            run.start, run.stopped = _resume(found, recipe, model, optimizer, run.stopper, device, log, ctx.world,
-                                             task)
-            run.tokens_before = _logged_tokens(run_dir / METRICS, run.start)["tokens"]
+            run.start, run.stopped, run.tokens_before = _resume(found, recipe, model, optimizer, run.stopper, device,
+                                                                log, ctx.world, task)
+            if run.tokens_before is None:  # a checkpoint written before it carried the count
+                run.tokens_before = _logged_tokens(run_dir / METRICS, run.start)["tokens"]
         else:  # lines of a run killed before its first checkpoint: trained again from step 0, logged once
             log.restart()
         if run_dir is not None and ctx.is_main:
@@ -362,6 +363,7 @@ class _Run:
             try:
                 save_checkpoint(self.run_dir / CHECKPOINT, self.recipe, self.model,
                                 optimizer=self.optimizer.state_dict(), files=self.model_files, step=step,
+                                train_tokens=self.tokens_before + self.tokens_seen,
                                 **between_steps(self.stopper, self.device, self.recipe), **task_state(self.task),
                                 **cli_command(), **state)
             except OSError as err:  # a full disk: the save wrote into a temporary directory, now removed
@@ -444,10 +446,10 @@ def _accumulate(forward, task: Task, batch, rows: int, cfg, ctx: DistContext, de
 
 
 def _resume(path: Path, recipe, model, optimizer, stopper: EarlyStopper, device: str, log: MetricsLog,
-            world: int = 1, task: Task | None = None) -> tuple[int, bool]:
+            world: int = 1, task: Task | None = None) -> tuple[int, bool, int | None]:
     """Load the checkpoint at ``path`` into ``model``, ``optimizer``, ``stopper`` (its streak) and the random
-    generators (a task with checkpoint state checks it first: e.g. its tokenizer); returns its step and
-    whether the run had stopped early. Everything is checked before metrics.jsonl is cut back to that step
+    generators (a task with checkpoint state checks it first: e.g. its tokenizer); returns its step, whether
+    the run had stopped early and the tokens trained up to it (None: a checkpoint without the count). Everything is checked before metrics.jsonl is cut back to that step
     (or, for a finished or early-stopped run, left as it is)."""
     if task is not None and hasattr(task, "check_checkpoint_state") and path.is_dir():
         task.check_checkpoint_state(read_state(path), path)  # e.g. another tokenizer: refused before the weights are read
@@ -464,7 +466,8 @@ def _resume(path: Path, recipe, model, optimizer, stopper: EarlyStopper, device:
     if step < recipe.train.steps and not stopped:
         log.truncate_after(step)
         log.write({"step": step, "event": "resumed", **({"world_size": world} if world > 1 else {})})
-    return step, stopped
+    tokens = extra.get("train_tokens")
+    return step, stopped, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
 
 
 def _checked_step(path: Path, extra: dict, steps: int) -> int:

@@ -43,6 +43,22 @@ class Interrupt(Exception):
     pass
 
 
+def test_a_resumed_run_counts_every_trained_token(tmp_path, monkeypatch):
+    # checkpoints at 5 and 10, logs at 4, 8, 12: the count at the checkpoint's step travels in the checkpoint
+    recipe = load_recipe(toy_task.recipe(steps=12, checkpoint_every=5, log_every=4))
+    whole = train(recipe, tmp_path / "whole")
+    undo = toy_task.at_step(monkeypatch, 7, Interrupt)
+    with pytest.raises(Interrupt):
+        train(recipe, tmp_path / "split")
+    undo()
+    resumed = train(recipe, tmp_path / "split")
+    logged = [r["tokens"] for r in read_metrics(tmp_path / "whole" / "metrics.jsonl") if r.get("split") == "train"]
+    assert logged == [logged[0] * k for k in (1, 2, 3)] and whole["train_tokens"] == logged[-1]
+    assert resumed["train_tokens"] == whole["train_tokens"], "tokens of the steps between the last log and the checkpoint"
+    logged = [r["tokens"] for r in read_metrics(tmp_path / "split" / "metrics.jsonl") if r.get("split") == "train"]
+    assert logged[-1] == whole["train_tokens"]
+
+
 @pytest.mark.parametrize("written_as", ["directory", "format-1 file"])
 def test_resume_is_exact(tmp_path, monkeypatch, written_as):
     recipe = load_recipe(toy_task.recipe(steps=30, checkpoint_every=10))
