@@ -263,6 +263,24 @@ def test_formal_answers_match_a_brute_force_solver(name, variant):
     assert len(answers) >= 2, f"{name}: the answers never vary ({answers})"
 
 
+@pytest.mark.parametrize("name", ["parity", "mod_arith_no_brackets", "bucket_sort"])
+def test_one_length_per_training_input(name):
+    task = make(name, train_lengths=(1, 12), train_length_per="input")
+    sep, lengths = n_inputs(name, task.config), set()
+    batch = task.batch("train", 64, gen(3))
+    again = task.batch("train", 64, gen(3))
+    assert torch.equal(batch.tokens, again.tokens) and torch.equal(batch.targets, again.targets), "deterministic"
+    for tokens, targets in zip(batch.tokens.tolist(), batch.targets.tolist()):
+        end = max(i for i, t in enumerate(targets) if t != IGNORE) + 1  # the row's last answer token
+        at = tokens.index(sep)
+        assert globals()[f"solve_{name}"](tokens[:at], task.config) == [t - sep - 1 for t in targets[at:end]]
+        assert tokens[at + 1:end] == targets[at:end - 1], "answer tokens are fed back (teacher forcing)"
+        assert set(tokens[end:]) <= {sep} and set(targets[end:]) <= {IGNORE}, "padded after the answer, not scored"
+        lengths.add(at)
+    assert len(lengths) >= 4, f"one length per input: {sorted(lengths)}"
+    assert len({b.tokens.shape[1] for b in task.eval_batches("valid")}) > 1, "evaluation: one length per batch"
+
+
 # -- retrieval ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fields", [{}, dict(num_kv_pairs=5, context_length=17, num_keys=5, num_values=3,

@@ -14,6 +14,8 @@ Layout of one sequence (a causal model reads ``tokens`` and is scored at ``targe
 ``x`` are the input symbols, ``a`` the answer tokens (``K = 1`` for every task but
 ``bucket_sort``), ``IGN`` is :data:`~xlstm_zoo.tasks.base.IGNORE`. The separator position
 predicts the first answer token, each fed-back answer token predicts the next one, so ``T = m + K``.
+With ``train_length_per: input`` each training input draws its own length and shorter rows are padded
+after their answer with ``SEP`` (never scored, and unseen by a causal model's answers).
 
 Vocabulary of every formal task (one per task; ``task.symbols`` names every id):
 
@@ -47,6 +49,9 @@ class FormalConfig(SyntheticConfig):
         (3, 40), description="smallest and largest input length (inclusive) of the train and valid splits")
     test_lengths: tuple[int, int] = Field(
         (41, 256), description="smallest and largest input length (inclusive) of the test split: length generalisation")
+    train_length_per: Literal["batch", "input"] = Field(
+        "batch", description="training inputs draw one length per batch, or one per input (padded after the answer, "
+                             "as Deletang et al.'s and the official xLSTM's loaders do); evaluation: one per batch")
 
     # Which lengths the task can generate: None (any), 0 (even only) or 1 (odd only), and why.
     length_parity: ClassVar[int | None] = None
@@ -120,6 +125,23 @@ class FormalTask(SyntheticTask):
 
     def sequence_length(self, n: int) -> int:
         return self.input_length(n) + self.answer_length(n)
+
+    def batch(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
+        if split != "train" or self.config.train_length_per == "batch":
+            return super().batch(split, batch_size, generator)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        sizes = self.sizes(split)
+        picks = torch.randint(len(sizes), (batch_size,), generator=generator)
+        longest = max(self.sequence_length(sizes[int(p)]) for p in picks.unique())
+        # padded after the answer with SEP, never scored: a causal model's answers do not see the padding
+        tokens = torch.full((batch_size, longest), self.sep, dtype=torch.long)
+        targets = torch.full((batch_size, longest), IGNORE, dtype=torch.long)
+        for pick in picks.unique().tolist():
+            rows = (picks == pick).nonzero().squeeze(1)
+            part = self.generate(sizes[pick], len(rows), generator)
+            tokens[rows, :part.tokens.shape[1]], targets[rows, :part.targets.shape[1]] = part.tokens, part.targets
+        return Batch(tokens, targets)
 
     def generate(self, n: int, batch_size: int, generator: torch.Generator) -> Batch:
         inputs, answers = self.sample(n, batch_size, generator)

@@ -202,7 +202,8 @@ class ModArithNoBrackets(FormalTask):
         # '+'/'-' before it: fold the sign into the term's first digit, then a segmented prefix
         # product (Hillis-Steele, log2(k) tensor steps) leaves each term's value at its last digit.
         starts = torch.cat([torch.ones(batch_size, 1, dtype=torch.bool), ops != m + 2], dim=1)
-        prod = torch.where(torch.cat([torch.zeros_like(ops[:, :1]), ops], dim=1) == m + 1, -digits, digits) % m
+        signs = torch.cat([torch.zeros(batch_size, 1, dtype=ops.dtype), ops], dim=1)  # no operator before d_1
+        prod = torch.where(signs == m + 1, -digits, digits) % m
         flag, step = starts, 1
         while step < k:
             prod = torch.cat([prod[:, :step], torch.where(flag[:, step:], prod[:, step:],

@@ -3,7 +3,8 @@
 A synthetic task draws every sequence from a *size* (the input length of a formal-language task,
 the number of key-value pairs of nearest-neighbour search, ...). Each split has a list of allowed
 sizes; a batch draws one size uniformly from its split's list with the caller's generator, so all
-sequences of a batch have the same length and no padding is needed.
+sequences of a batch have the same length and no padding is needed (the formal tasks can
+draw one per training input instead: ``train_length_per``).
 
 Evaluation sets (``eval_batches``) are generated once per split from a generator seeded by
 ``(config.seed, split)`` (a stable hash, not Python's salted ``hash``) and cached: ``eval_sequences``
