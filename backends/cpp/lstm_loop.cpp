@@ -249,8 +249,11 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
                         dg[D + j] = dct * (c_prev[j] * (f * (1.0f - f)));
                         dg[2 * D + j] = dct * (i * (1.0f - z * z));
                         dg[3 * D + j] = dh * (tc * (o * (1.0f - o)));
-                        dcr[j] = restart ? 0.0f : dct * f;  // nothing reaches the state before a document start
+                        dcr[j] = dct * f;
                     }
+                    // Nothing reaches the state before a document start. Not a select in the loop above: that
+                    // stops gcc vectorising it (fwd+bwd 1.4x slower at B=4 T=1024 D=128).
+                    if (restart) std::fill(dcr + j0, dcr + j1, 0.0f);
                 }
             }
             barrier.wait();  // every unit's dG_t complete before the products below read all of it
