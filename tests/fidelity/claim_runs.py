@@ -32,9 +32,12 @@ def read_cell(cell_dir: Path) -> dict | None:
         return None  # never started
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     curve: dict[int, dict] = {}
+    scaled = None  # the last test evaluation's scaled accuracy (0 = guessing, whatever the number of answers)
     for r in records:
         if r.get("split") in ("valid", "test"):
             curve.setdefault(r["step"], {"step": r["step"]})[r["split"]] = r["accuracy"]
+            if r["split"] == "test":
+                scaled = r.get("scaled_accuracy")
     points = [curve[s] for s in sorted(curve) if "test" in curve[s]]
     if not points:
         return None
@@ -49,7 +52,8 @@ def read_cell(cell_dir: Path) -> dict | None:
             "curve": points, "finished": finished, "steps": result.get("steps", points[-1]["step"]),
             "stopped_early": bool(result.get("stopped_early")), "cpu_seconds": result.get("cpu_seconds"),
             "seconds": result.get("seconds"),
-            "test": result["metrics"]["test"]["accuracy"] if finished else points[-1]["test"]}
+            "test": result["metrics"]["test"]["accuracy"] if finished else points[-1]["test"],
+            "scaled": result["metrics"]["test"].get("scaled_accuracy") if finished else scaled}
 
 
 def first_step_at(curve: list[dict], threshold: float = 0.9) -> int | None:
@@ -57,17 +61,19 @@ def first_step_at(curve: list[dict], threshold: float = 0.9) -> int | None:
 
 
 def summary_table(cells: list[dict]) -> str:
-    lines = ["| experiment | variant | setting | test accuracy per seed | mean | step test >= 0.9 | steps run | "
-             "CPU s per cell |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| experiment | variant | setting | test accuracy per seed | mean | scaled | step test >= 0.9 | steps run | "
+             "CPU s per cell |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keys = list(dict.fromkeys((c["experiment"], c["variant"], c["setting"]) for c in cells))
     for key in keys:
         group = sorted((c for c in cells if (c["experiment"], c["variant"], c["setting"]) == key),
                        key=lambda c: c["seed"])
         tests = [c["test"] for c in group]
         cpu = [c["cpu_seconds"] for c in group if c["cpu_seconds"] is not None]
+        scaled = ", ".join("-" if c.get("scaled") is None else f"{c['scaled']:.3f}" for c in group)
         lines.append(
             f"| {key[0]} | {key[1]} | {key[2] or '-'} | {', '.join(f'{t:.3f}' for t in tests)} "
-            f"| {statistics.mean(tests):.3f} | {', '.join(str(first_step_at(c['curve']) or '-') for c in group)} "
+            f"| {statistics.mean(tests):.3f} | {scaled} "
+            f"| {', '.join(str(first_step_at(c['curve']) or '-') for c in group)} "
             f"| {', '.join(str(c['steps']) + ('*' if c['stopped_early'] else '' if c['finished'] else '+') for c in group)} "
             f"| {', '.join(f'{s:.0f}' for s in cpu) or '-'} |")
     notes = ("`*`: stopped early by the cell's `train.early_stop` rule (on the valid split); `+`: the experiment was "
@@ -91,7 +97,7 @@ def plot(cells: list[dict], path: Path) -> None:
                 ax.plot([p["step"] for p in cell["curve"]], [p.get("test", float("nan")) for p in cell["curve"]],
                         color=f"C{i}", alpha=0.8, label=" ".join(filter(None, key)) if j == 0 else None)
         ax.set(title=f"{experiment}: test accuracy (a line per seed)", xlabel="step", ylabel="accuracy",
-               ylim=(0.3, 1.02))
+               ylim=(0.0, 1.02))
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
