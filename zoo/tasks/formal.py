@@ -133,11 +133,12 @@ class FormalTask(SyntheticTask):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         sizes = self.sizes(split)
         picks = torch.randint(len(sizes), (batch_size,), generator=generator)
-        longest = max(self.sequence_length(sizes[int(p)]) for p in picks.unique())
+        drawn = picks.unique().tolist()
+        longest = max(self.sequence_length(sizes[pick]) for pick in drawn)
         # padded after the answer with SEP, never scored: a causal model's answers do not see the padding
         tokens = torch.full((batch_size, longest), self.sep, dtype=torch.long)
         targets = torch.full((batch_size, longest), IGNORE, dtype=torch.long)
-        for pick in picks.unique().tolist():
+        for pick in drawn:
             rows = (picks == pick).nonzero().squeeze(1)
             part = self.generate(sizes[pick], len(rows), generator)
             tokens[rows, :part.tokens.shape[1]], targets[rows, :part.targets.shape[1]] = part.tokens, part.targets

@@ -449,8 +449,9 @@ def _resume(path: Path, recipe, model, optimizer, stopper: EarlyStopper, device:
             world: int = 1, task: Task | None = None) -> tuple[int, bool, int | None]:
     """Load the checkpoint at ``path`` into ``model``, ``optimizer``, ``stopper`` (its streak) and the random
     generators (a task with checkpoint state checks it first: e.g. its tokenizer); returns its step, whether
-    the run had stopped early and the tokens trained up to it (None: a checkpoint without the count). Everything is checked before metrics.jsonl is cut back to that step
-    (or, for a finished or early-stopped run, left as it is)."""
+    the run had stopped early and the tokens trained up to it (None: a checkpoint without the count).
+    Everything is checked before metrics.jsonl is cut back to that step (or, for a finished or early-stopped
+    run, left as it is)."""
     if task is not None and hasattr(task, "check_checkpoint_state") and path.is_dir():
         task.check_checkpoint_state(read_state(path), path)  # e.g. another tokenizer: refused before the weights are read
     saved_recipe, saved_model, extra = load_checkpoint(path)
