@@ -20,12 +20,9 @@
 // Backward: dH [T, H, B, D] (null: zeros), dcT dhT [H, B, D] (null: zeros) in; dG [T, H, B, 4D] and
 // dc0 dh0 [H, B, D] out (dR is one matmul in Python).
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "block_gemm.h"
 #include "loops.h"
+#include "unit_team.h"
 
 XLSTM_ZOO_WIDE_VECTORS
 
@@ -125,54 +122,7 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
     }
 }
 
-// ---- float32: all batch rows per token, units split over threads -------------------------------------
-
-// Units are split over threads in blocks of 16 (whole vectors on every ISA); heads narrower than that run
-// the row loop.
-constexpr int64_t kUnitBlock = 16;
-
-// The units [j0, j1) of every head that thread `index` of `count` owns (contiguous, multiples of
-// kUnitBlock where possible).
-inline void owned_units(int64_t D, int index, int count, int64_t& j0, int64_t& j1) {
-    const int64_t blocks = (D + kUnitBlock - 1) / kUnitBlock;
-    j0 = std::min(D, blocks * index / count * kUnitBlock);
-    j1 = std::min(D, blocks * (index + 1) / count * kUnitBlock);
-}
-
-// Threads for a batched loop: a barrier per token costs about a microsecond, so each thread needs some
-// thousands of multiply-adds per token (and at least one vector of units).
-inline int batched_threads(int64_t heads, int64_t batch, int64_t D, int64_t threads) {
-    const int64_t per_token = heads * batch * D * 4 * D;
-    return int(std::max<int64_t>(1, std::min({threads, per_token / (int64_t(1) << 15), (D + kUnitBlock - 1) / kUnitBlock})));
-}
-
-// The threads of one team wait for each other once per token: OpenMP's own barrier (an orphaned directive
-// binds to the team's parallel region). Without OpenMP the team is the calling thread alone.
-struct TeamBarrier {
-    void wait() const {
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
-    }
-};
-
-// `body(index, count, barrier)` on a team of `count` threads (fewer if the runtime gives fewer). Without OpenMP: the calling thread alone (a barrier per token wants threads that stay
-// in one team).
-template <typename Body>
-void team(int count, const Body& body) {
-    const TeamBarrier barrier;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(count)
-    {
-        FlushSubnormals flush;
-        body(omp_get_thread_num(), omp_get_num_threads(), barrier);
-    }
-#else
-    (void)count;
-    FlushSubnormals flush;
-    body(0, 1, barrier);
-#endif
-}
+// ---- float32: all batch rows per token, units split over threads (unit_team.h) ---------------------------
 
 void forward_batched(const Problem<float>& p, int64_t threads) {
     const int64_t D = p.dim, D4 = 4 * D, H = p.heads, B = p.batch, rows = H * B;
