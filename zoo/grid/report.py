@@ -110,8 +110,10 @@ class Report:
             return ""
         parts = []
         if g.values:
-            seeds = f" (seeds: {', '.join(fmt(v) for v in g.values)})" if len(g.values) > 1 else ""
-            parts.append(f"{fmt(g.mean)} ± {fmt(g.std)}{seeds}")
+            if len(g.values) == 1:  # a spread of one value would read as a measured 0
+                parts.append(f"{fmt(g.mean)} (one seed)")
+            else:
+                parts.append(f"{fmt(g.mean)} ± {fmt(g.std)} (seeds: {', '.join(fmt(v) for v in g.values)})")
         if g.failed:
             parts.append(f"failed {len(g.failed)}")
         if g.unreadable:

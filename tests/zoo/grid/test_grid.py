@@ -14,7 +14,7 @@ from xlstm_zoo import load_recipe
 from xlstm_zoo.checkpoint import find_checkpoint, load_checkpoint
 from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.grid.expand import OverriddenVariantWarning, expand
-from xlstm_zoo.grid.report import build_report, fmt, write_report
+from xlstm_zoo.grid.report import Group, Report, build_report, fmt, write_report
 from xlstm_zoo.grid.runner import run_grid
 
 import toy_task
@@ -128,6 +128,9 @@ def test_run_report_and_skip_finished(tmp_path):
     text = report.markdown()
     assert "| small | " in text and " ± " in text
     assert f"(seeds: {', '.join(fmt(v) for v in group.values)})" in text, "every seed's value is reported"
+    one_seed = Report(title="t", metric="m", split="valid", rows=["r"], columns=["c"], has_paper=False,
+                      groups={("r", "c"): Group(values=[0.25])})
+    assert "| r | 0.250 (one seed) |" in one_seed.markdown(), "one seed has no spread to show, not a 0"
     files = write_report(report, tmp_path)
     assert {f.name for f in files} == {"report.md", "report.csv", "report.png", "curves.png"}
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
