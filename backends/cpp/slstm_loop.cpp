@@ -45,45 +45,86 @@ struct Problem {
     bool restarts(int64_t row, int64_t t) const { return starts && starts[(row % batch) * steps + t]; }
 };
 
-// The gate schemes are template arguments, so each unit loop holds only the maths its scheme needs.
+// One token's cell, units [j0, j1) of one row: the state after the token from the pre-activations g (= W x + b +
+// h_prev R) and the state before. The row loops call it for every unit, the batched loops for a thread's units.
+// The gate schemes are template arguments, so each loop holds only the maths its scheme needs.
+template <typename T, bool input_exp, bool forget_exp>
+inline void cell_forward(const T* __restrict g, const T* __restrict c_prev, const T* __restrict n_prev,
+                         const T* __restrict m_prev, T* __restrict c, T* __restrict n, T* __restrict m,
+                         T* __restrict h, int64_t D, int64_t j0, int64_t j1) {
+    XLSTM_ZOO_SIMD
+    for (int64_t j = j0; j < j1; ++j) {
+        const T log_i = log_gate<T, input_exp>(g[j]);
+        const T a = log_gate<T, forget_exp>(g[D + j]) + m_prev[j];  // log f + m_prev
+        const T m_new = nan_max(a, log_i);
+        const T f_s = vexp(a - m_new), i_s = vexp(log_i - m_new);
+        const T c_new = f_s * c_prev[j] + i_s * vtanh(g[2 * D + j]);
+        const T n_new = f_s * n_prev[j] + i_s;
+        c[j] = c_new; n[j] = n_new; m[j] = m_new;
+        h[j] = c_new / n_new * sigmoid(g[3 * D + j]);
+    }
+}
+
+// Its backward, units [j0, j1): dg, the gradient of g, from the gradient of this token's h (the carried dh_rec plus
+// the output's dh_out) and the carried dc, dn, dm, which become those of the state before. Every pointwise factor
+// is recomputed from g and the saved states (cheaper than reading them from memory), and the gradient of the
+// stabiliser m is kept exactly: torch.maximum's ties give half to each side.
+template <typename T, bool input_exp, bool forget_exp>
+inline void cell_backward(const T* __restrict g, const T* __restrict c, const T* __restrict n,
+                          const T* __restrict m, const T* __restrict c_prev, const T* __restrict n_prev,
+                          const T* __restrict m_prev, const T* __restrict dh_rec, const T* __restrict dh_out,
+                          T* __restrict dg, T* __restrict dc, T* __restrict dn, T* __restrict dm, int64_t D,
+                          int64_t j0, int64_t j1) {
+    XLSTM_ZOO_SIMD
+    for (int64_t j = j0; j < j1; ++j) {
+        const T gi = g[j], gf = g[D + j];
+        const T log_i = log_gate<T, input_exp>(gi), a = log_gate<T, forget_exp>(gf) + m_prev[j];
+        const T f_s = vexp(a - m[j]), i_s = vexp(log_i - m[j]);
+        const T z = vtanh(g[2 * D + j]), o = sigmoid(g[3 * D + j]), ratio = c[j] / n[j];
+        const T dh = dh_rec[j] + dh_out[j];
+        const T dct = dc[j] + dh * (o / n[j]);
+        const T dnt = dn[j] - dh * (o * ratio / n[j]);
+        const T dfs = (dct * c_prev[j] + dnt * n_prev[j]) * f_s;  // d(f') f'
+        const T dis = (dnt + dct * z) * i_s;                      // d(i') i'
+        const T dm_total = dm[j] - dfs - dis;                      // m's own gradient
+        // 1, 1/2 or 0 (and 0 for NaN): written as a sum, as a nested select stopped gcc vectorising the loop
+        const T to_a = T(0.5) * (T(a >= log_i) + T(a > log_i));
+        const T da = dfs + dm_total * to_a, dli = dis + dm_total * (T(1) - to_a);
+        dg[j] = input_exp ? dli : dli * sigmoid(-gi);
+        dg[D + j] = forget_exp ? da : da * sigmoid(-gf);
+        dg[2 * D + j] = dct * (i_s * (T(1) - z * z));
+        dg[3 * D + j] = dh * (ratio * (o * (T(1) - o)));
+        dc[j] = dct * f_s; dn[j] = dnt * f_s; dm[j] = da;
+    }
+}
+
+// The loops pass the zero state (c = n = h = 0, m = -inf) as the state before a token that starts a document: a
+// pointer each, chosen per token, so the unit loops hold no select (which stopped gcc vectorising them).
+template <typename T>
+struct ZeroState {
+    explicit ZeroState(int64_t D) : zeros(D, T(0)), empty_m(D, -std::numeric_limits<T>::infinity()) {}
+    std::vector<T> zeros, empty_m;
+};
+
 template <typename T, bool input_exp, bool forget_exp>
 void forward_rows(const Problem<T>& p, int64_t row_begin, int64_t row_end) {
     const int64_t D = p.dim, D4 = 4 * D, rows = p.heads * p.batch;
-    std::vector<T> g_buf(D4), h_buf(D), c_buf(D), n_buf(D), m_buf(D);
-    T *__restrict g = g_buf.data(), *__restrict h = h_buf.data(), *__restrict c = c_buf.data(),
-      *__restrict n = n_buf.data(), *__restrict m = m_buf.data();
+    const ZeroState<T> zero(D);
+    const T *z = zero.zeros.data(), *no_m = zero.empty_m.data();
     for (int64_t row = row_begin; row < row_end; ++row) {
-        const int64_t head = row / p.batch;
-        const T* R = p.R + head * D * D4;
-        for (int64_t j = 0; j < D; ++j) {
-            c[j] = p.c0[row * D + j]; n[j] = p.n0[row * D + j];
-            m[j] = p.m0[row * D + j]; h[j] = p.h0[row * D + j];
-            p.C[row * D + j] = c[j]; p.N[row * D + j] = n[j];
-            p.M[row * D + j] = m[j]; p.Hs[row * D + j] = h[j];
-        }
+        const T* R = p.R + (row / p.batch) * D * D4;
+        std::copy(p.c0 + row * D, p.c0 + (row + 1) * D, p.C + row * D);
+        std::copy(p.n0 + row * D, p.n0 + (row + 1) * D, p.N + row * D);
+        std::copy(p.m0 + row * D, p.m0 + (row + 1) * D, p.M + row * D);
+        std::copy(p.h0 + row * D, p.h0 + (row + 1) * D, p.Hs + row * D);
         for (int64_t t = 0; t < p.steps; ++t) {
-            if (p.restarts(row, t)) {
-                std::fill(c, c + D, T(0)); std::fill(n, n + D, T(0)); std::fill(h, h + D, T(0));
-                std::fill(m, m + D, -std::numeric_limits<T>::infinity());
-            }
-            preactivations(g, p.W + (t * rows + row) * D4, h, R, D);
-            std::copy(g, g + D4, p.G + (t * rows + row) * D4);
-            XLSTM_ZOO_SIMD
-            for (int64_t j = 0; j < D; ++j) {
-                const T log_i = log_gate<T, input_exp>(g[j]);
-                const T a = log_gate<T, forget_exp>(g[D + j]) + m[j];  // log f + m_prev
-                const T m_new = nan_max(a, log_i);
-                const T f_s = vexp(a - m_new), i_s = vexp(log_i - m_new);
-                c[j] = f_s * c[j] + i_s * vtanh(g[2 * D + j]);
-                n[j] = f_s * n[j] + i_s;
-                m[j] = m_new;
-                h[j] = c[j] / n[j] * sigmoid(g[3 * D + j]);
-            }
-            const int64_t cn = (t + 1) * p.cn_step + row * D, s = ((t + 1) * rows + row) * D;
-            std::copy(c, c + D, p.C + cn);
-            std::copy(n, n + D, p.N + cn);
-            std::copy(m, m + D, p.M + s);
-            std::copy(h, h + D, p.Hs + s);
+            const bool restart = p.restarts(row, t);
+            const int64_t cn = t * p.cn_step + row * D, at = (t * rows + row) * D, next = at + rows * D;
+            T* g = p.G + (t * rows + row) * D4;
+            preactivations(g, p.W + (t * rows + row) * D4, restart ? z : p.Hs + at, R, D);
+            cell_forward<T, input_exp, forget_exp>(g, restart ? z : p.C + cn, restart ? z : p.N + cn,
+                                                   restart ? no_m : p.M + at, p.C + cn + p.cn_step,
+                                                   p.N + cn + p.cn_step, p.M + next, p.Hs + next, D, 0, D);
         }
     }
 }
@@ -98,57 +139,27 @@ struct Gradients {
     bool restarts(int64_t row, int64_t t) const { return starts && starts[(row % batch) * steps + t]; }
 };
 
-// Backward through one row's whole sequence, last token first. Every pointwise factor is recomputed
-// from the saved pre-activations and states (cheaper than reading them from memory), and the
-// gradient of the stabiliser m is kept exactly: torch.maximum's ties give half to each side.
+// Backward through one row's whole sequence, last token first. At a document start f' = 0, so no gradient goes
+// further back through c, n and m; h's is cut here.
 template <typename T, bool input_exp, bool forget_exp>
 void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
     const int64_t D = p.dim, D4 = 4 * D, rows = p.heads * p.batch;
-    std::vector<T> dc_buf(D), dn_buf(D), dm_buf(D), dh_buf(D), dg_buf(D4);
-    T *__restrict dc = dc_buf.data(), *__restrict dn = dn_buf.data(), *__restrict dm = dm_buf.data(),
-      *__restrict dh_rec = dh_buf.data(), *__restrict dg = dg_buf.data();
-    // The zero state, entering a token that starts a document: f' = 0 there, so no gradient goes further back
-    // through c, n and m; h's is cut below.
-    const std::vector<T> zeros(D, T(0)), empty_m(D, -std::numeric_limits<T>::infinity());
+    std::vector<T> dc_buf(D), dn_buf(D), dm_buf(D), dh_buf(D);
+    T *dc = dc_buf.data(), *dn = dn_buf.data(), *dm = dm_buf.data(), *dh_rec = dh_buf.data();
+    const ZeroState<T> zero(D);
+    const T *z = zero.zeros.data(), *no_m = zero.empty_m.data();
     for (int64_t row = row_begin; row < row_end; ++row) {
         const T* Rt = p.Rt + (row / p.batch) * D4 * D;
         load_row(dc, p.dcT, row, D); load_row(dn, p.dnT, row, D);
         load_row(dm, p.dmT, row, D); load_row(dh_rec, p.dhT, row, D);
         for (int64_t t = p.steps - 1; t >= 0; --t) {
-            if (p.dH) {
-                const T* dh_out = p.dH + (t * rows + row) * D;
-                for (int64_t j = 0; j < D; ++j) dh_rec[j] += dh_out[j];  // dh of this token's h, all paths
-            }
             const bool restart = p.restarts(row, t);
-            const T *__restrict g = p.G + (t * rows + row) * D4;
-            const T *__restrict c = p.C + (t + 1) * p.cn_step + row * D;
-            const T *__restrict n = p.N + (t + 1) * p.cn_step + row * D;
-            const T *__restrict m = p.M + ((t + 1) * rows + row) * D;
-            const T *__restrict c_prev = restart ? zeros.data() : c - p.cn_step;
-            const T *__restrict n_prev = restart ? zeros.data() : n - p.cn_step;
-            const T *__restrict m_prev = restart ? empty_m.data() : m - rows * D;
-            XLSTM_ZOO_SIMD
-            for (int64_t j = 0; j < D; ++j) {
-                const T gi = g[j], gf = g[D + j];
-                const T log_i = log_gate<T, input_exp>(gi), a = log_gate<T, forget_exp>(gf) + m_prev[j];
-                const T f_s = vexp(a - m[j]), i_s = vexp(log_i - m[j]);
-                const T z = vtanh(g[2 * D + j]), o = sigmoid(g[3 * D + j]), ratio = c[j] / n[j];
-                const T dh = dh_rec[j];
-                const T dct = dc[j] + dh * (o / n[j]);
-                const T dnt = dn[j] - dh * (o * ratio / n[j]);
-                const T dfs = (dct * c_prev[j] + dnt * n_prev[j]) * f_s;  // d(f') f'
-                const T dis = (dnt + dct * z) * i_s;                      // d(i') i'
-                const T dm_total = dm[j] - dfs - dis;                      // m's own gradient
-                // 1, 1/2 or 0 (and 0 for NaN): written as a sum, as the nested select stopped gcc vectorising the loop
-                const T to_a = T(0.5) * (T(a >= log_i) + T(a > log_i));
-                const T da = dfs + dm_total * to_a, dli = dis + dm_total * (T(1) - to_a);
-                dg[j] = input_exp ? dli : dli * sigmoid(-gi);
-                dg[D + j] = forget_exp ? da : da * sigmoid(-gf);
-                dg[2 * D + j] = dct * (i_s * (T(1) - z * z));
-                dg[3 * D + j] = dh * (ratio * (o * (T(1) - o)));
-                dc[j] = dct * f_s; dn[j] = dnt * f_s; dm[j] = da;
-            }
-            std::copy(dg, dg + D4, p.dG + (t * rows + row) * D4);
+            const int64_t cn = (t + 1) * p.cn_step + row * D, at = ((t + 1) * rows + row) * D;
+            const T *c = p.C + cn, *n = p.N + cn, *m = p.M + at;
+            T* dg = p.dG + (t * rows + row) * D4;
+            cell_backward<T, input_exp, forget_exp>(
+                p.G + (t * rows + row) * D4, c, n, m, restart ? z : c - p.cn_step, restart ? z : n - p.cn_step,
+                restart ? no_m : m - rows * D, dh_rec, p.dH ? p.dH + (t * rows + row) * D : z, dg, dc, dn, dm, D, 0, D);
             if (restart) std::fill(dh_rec, dh_rec + D, T(0));
             else recurrent_input_grad(dh_rec, dg, Rt, D);
         }
@@ -164,7 +175,8 @@ void backward_rows(const Gradients<T>& p, int64_t row_begin, int64_t row_end) {
 template <bool input_exp, bool forget_exp>
 void forward_batched(const Problem<float>& p, int64_t threads) {
     const int64_t D = p.dim, D4 = 4 * D, H = p.heads, B = p.batch, rows = H * B;
-    const std::vector<float> zeros(D, 0.0f), empty_m(D, -std::numeric_limits<float>::infinity());
+    const ZeroState<float> zero(D);
+    const float *z = zero.zeros.data(), *no_m = zero.empty_m.data();
     std::copy(p.c0, p.c0 + rows * D, p.C);
     std::copy(p.n0, p.n0 + rows * D, p.N);
     std::copy(p.m0, p.m0 + rows * D, p.M);
@@ -190,25 +202,10 @@ void forward_batched(const Problem<float>& p, int64_t threads) {
                         for (int gate = 0; gate < 4; ++gate)
                             std::copy(W + b * D4 + gate * D + j0, W + b * D4 + gate * D + j1,
                                       G + b * D4 + gate * D + j0);
-                    const float* __restrict g = G + b * D4;
-                    // A document start enters from the zero state (c = n = 0, m = -inf).
-                    const float *__restrict c_prev = restart ? zeros.data() : p.C + t * p.cn_step + row * D,
-                                *__restrict n_prev = restart ? zeros.data() : p.N + t * p.cn_step + row * D,
-                                *__restrict m_prev = restart ? empty_m.data() : p.M + (at + b) * D;
-                    float *__restrict c = p.C + (t + 1) * p.cn_step + row * D,
-                          *__restrict n = p.N + (t + 1) * p.cn_step + row * D,
-                          *__restrict m = p.M + (at + rows + b) * D, *__restrict h_out = p.Hs + (at + rows + b) * D;
-                    XLSTM_ZOO_SIMD
-                    for (int64_t j = j0; j < j1; ++j) {  // the row loop's maths (forward_rows), on this thread's units
-                        const float log_i = log_gate<float, input_exp>(g[j]);
-                        const float a = log_gate<float, forget_exp>(g[D + j]) + m_prev[j];  // log f + m_prev
-                        const float m_new = nan_max(a, log_i);
-                        const float f_s = vexp(a - m_new), i_s = vexp(log_i - m_new);
-                        const float c_new = f_s * c_prev[j] + i_s * vtanh(g[2 * D + j]);
-                        const float n_new = f_s * n_prev[j] + i_s;
-                        c[j] = c_new; n[j] = n_new; m[j] = m_new;
-                        h_out[j] = c_new / n_new * sigmoid(g[3 * D + j]);
-                    }
+                    const int64_t cn = t * p.cn_step + row * D, at_b = (at + b) * D, next = at_b + rows * D;
+                    cell_forward<float, input_exp, forget_exp>(
+                        G + b * D4, restart ? z : p.C + cn, restart ? z : p.N + cn, restart ? no_m : p.M + at_b,
+                        p.C + cn + p.cn_step, p.N + cn + p.cn_step, p.M + next, p.Hs + next, D, j0, j1);
                 }
             }
             barrier.wait();  // h_{t+1} complete before any thread's next product reads it
@@ -226,7 +223,8 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
         load_row(dc + r * D, p.dcT, r, D); load_row(dn + r * D, p.dnT, r, D);
         load_row(dm + r * D, p.dmT, r, D); load_row(dh_rec + r * D, p.dhT, r, D);
     }
-    const std::vector<float> zeros(D, 0.0f), empty_m(D, -std::numeric_limits<float>::infinity());
+    const ZeroState<float> zero(D);
+    const float *z = zero.zeros.data(), *no_m = zero.empty_m.data();
     team(batched_threads(H, B, D, threads), [&](int index, int count, const TeamBarrier& barrier) {
         int64_t j0, j1;
         owned_units(D, index, count, j0, j1);
@@ -236,37 +234,12 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
                 for (int64_t b = 0; b < B; ++b) {
                     const int64_t r = h * B + b;
                     const bool restart = p.restarts(b, t);
-                    const float *__restrict g = p.G + (at + b) * D4;
-                    const float *__restrict c = p.C + (t + 1) * p.cn_step + r * D;
-                    const float *__restrict n = p.N + (t + 1) * p.cn_step + r * D;
-                    const float *__restrict m = p.M + (at + rows + b) * D;
-                    const float *__restrict c_prev = restart ? zeros.data() : c - p.cn_step;
-                    const float *__restrict n_prev = restart ? zeros.data() : n - p.cn_step;
-                    const float *__restrict m_prev = restart ? empty_m.data() : m - rows * D;
-                    const float* __restrict dh_out = p.dH ? p.dH + (at + b) * D : zeros.data();  // a select in the
-                    float *__restrict dg = p.dG + (at + b) * D4, *__restrict dcr = dc + r * D,
-                          *__restrict dnr = dn + r * D, *__restrict dmr = dm + r * D, *__restrict dhr = dh_rec + r * D;
-                    XLSTM_ZOO_SIMD
-                    for (int64_t j = j0; j < j1; ++j) {  // the row loop's maths (backward_rows), on this thread's units
-                        const float gi = g[j], gf = g[D + j];
-                        const float log_i = log_gate<float, input_exp>(gi);
-                        const float a = log_gate<float, forget_exp>(gf) + m_prev[j];
-                        const float f_s = vexp(a - m[j]), i_s = vexp(log_i - m[j]);
-                        const float z = vtanh(g[2 * D + j]), o = sigmoid(g[3 * D + j]), ratio = c[j] / n[j];
-                        const float dh = dhr[j] + dh_out[j];  // loop would stop gcc vectorising it
-                        const float dct = dcr[j] + dh * (o / n[j]);
-                        const float dnt = dnr[j] - dh * (o * ratio / n[j]);
-                        const float dfs = (dct * c_prev[j] + dnt * n_prev[j]) * f_s;
-                        const float dis = (dnt + dct * z) * i_s;
-                        const float dm_total = dmr[j] - dfs - dis;
-                        const float to_a = 0.5f * (float(a >= log_i) + float(a > log_i));
-                        const float da = dfs + dm_total * to_a, dli = dis + dm_total * (1.0f - to_a);
-                        dg[j] = input_exp ? dli : dli * sigmoid(-gi);
-                        dg[D + j] = forget_exp ? da : da * sigmoid(-gf);
-                        dg[2 * D + j] = dct * (i_s * (1.0f - z * z));
-                        dg[3 * D + j] = dh * (ratio * (o * (1.0f - o)));
-                        dcr[j] = dct * f_s; dnr[j] = dnt * f_s; dmr[j] = da;
-                    }
+                    const int64_t cn = (t + 1) * p.cn_step + r * D, at_b = (at + rows + b) * D;
+                    const float *c = p.C + cn, *n = p.N + cn, *m = p.M + at_b;
+                    cell_backward<float, input_exp, forget_exp>(
+                        p.G + (at + b) * D4, c, n, m, restart ? z : c - p.cn_step, restart ? z : n - p.cn_step,
+                        restart ? no_m : m - rows * D, dh_rec + r * D, p.dH ? p.dH + (at + b) * D : z,
+                        p.dG + (at + b) * D4, dc + r * D, dn + r * D, dm + r * D, D, j0, j1);
                 }
             }
             barrier.wait();  // every unit's dG_t complete before the products below read all of it
