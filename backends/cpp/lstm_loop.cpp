@@ -20,7 +20,6 @@
 // Backward: dH [T, H, B, D] (null: zeros), dcT dhT [H, B, D] (null: zeros) in; dG [T, H, B, 4D] and
 // dc0 dh0 [H, B, D] out (dR is one matmul in Python).
 
-#include "block_gemm.h"
 #include "loops.h"
 #include "unit_team.h"
 
@@ -139,17 +138,9 @@ void forward_batched(const Problem<float>& p, int64_t threads) {
                 const float *W = p.W + at * D4, *R = p.R + h * D * D4, *h_prev = p.Hs + at * D;
                 const float *c_prev = p.C + at * D;
                 float *c_next = p.C + (at + rows) * D, *h_next = p.Hs + (at + rows) * D;
-                if (j1 > j0)
-                    for (int gate = 0; gate < 4; ++gate) {  // G = W + h_prev R, W read in place
-                        const int64_t col = gate * D + j0;
-                        gemm_b_onto<false>(int(B), int(j1 - j0), int(D), h_prev, int(D), R + col, int(D4),
-                                           Addend{W + col, int(D4)}, G + col, int(D4));
-                    }
+                unit_preactivations(B, D, j0, j1, h_prev, R, W, G, [&](int64_t b) { return p.restarts(b, t); });
                 for (int64_t b = 0; b < B; ++b) {
                     const bool restart = p.restarts(b, t);
-                    if (restart)  // h_prev = 0 there: G = W for this thread's units
-                        for (int gate = 0; gate < 4; ++gate)
-                            std::copy(W + b * D4 + gate * D + j0, W + b * D4 + gate * D + j1, G + b * D4 + gate * D + j0);
                     const float* g = G + b * D4;
                     const float* cp = restart ? zeros.data() : c_prev + b * D;
                     XLSTM_ZOO_SIMD
@@ -209,11 +200,8 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
             barrier.wait();  // every unit's dG_t complete before the products below read all of it
             for (int64_t h = 0; h < H; ++h) {
                 const int64_t at = (t * H + h) * B;
-                if (j1 > j0)
-                    gemm_b_plain<false>(int(B), int(j1 - j0), int(D4), p.dG + at * D4, int(D4), p.Rt + h * D4 * D + j0,
-                                        int(D), dh_rec + h * B * D + j0, int(D), false);
-                for (int64_t b = 0; b < B; ++b)
-                    if (p.restarts(b, t)) std::fill(dh_rec + (h * B + b) * D + j0, dh_rec + (h * B + b) * D + j1, 0.0f);
+                unit_recurrent_grad(B, D, j0, j1, p.dG + at * D4, p.Rt + h * D4 * D, dh_rec + h * B * D,
+                                    [&](int64_t b) { return p.restarts(b, t); });
             }
             // No barrier here: the next token writes dG_{t-1}, and each thread reads only its own dh_rec units.
         }

@@ -25,7 +25,6 @@
 
 #include <type_traits>
 
-#include "block_gemm.h"
 #include "loops.h"
 #include "unit_team.h"
 
@@ -189,19 +188,10 @@ void forward_batched(const Problem<float>& p, int64_t threads) {
                 const int64_t at = (t * H + h) * B;  // row (t, h, b = 0) of W, G, M and Hs
                 float* G = p.G + at * D4;
                 const float *W = p.W + at * D4, *R = p.R + h * D * D4;
-                if (j1 > j0)
-                    for (int gate = 0; gate < 4; ++gate) {  // G = W + h_prev R, W read in place
-                        const int64_t col = gate * D + j0;
-                        gemm_b_onto<false>(int(B), int(j1 - j0), int(D), p.Hs + at * D, int(D), R + col, int(D4),
-                                           Addend{W + col, int(D4)}, G + col, int(D4));
-                    }
+                unit_preactivations(B, D, j0, j1, p.Hs + at * D, R, W, G, [&](int64_t b) { return p.restarts(b, t); });
                 for (int64_t b = 0; b < B; ++b) {
                     const int64_t row = h * B + b;
                     const bool restart = p.restarts(b, t);
-                    if (restart)  // h_prev = 0 there: G = W for this thread's units
-                        for (int gate = 0; gate < 4; ++gate)
-                            std::copy(W + b * D4 + gate * D + j0, W + b * D4 + gate * D + j1,
-                                      G + b * D4 + gate * D + j0);
                     const int64_t cn = t * p.cn_step + row * D, at_b = (at + b) * D, next = at_b + rows * D;
                     cell_forward<float, input_exp, forget_exp>(
                         G + b * D4, restart ? z : p.C + cn, restart ? z : p.N + cn, restart ? no_m : p.M + at_b,
@@ -245,11 +235,8 @@ void backward_batched(const Gradients<float>& p, int64_t threads) {
             barrier.wait();  // every unit's dG_t complete before the products below read all of it
             for (int64_t h = 0; h < H; ++h) {
                 const int64_t at = (t * H + h) * B;
-                if (j1 > j0)  // dh_prev = dG_t R^T, this thread's units
-                    gemm_b_plain<false>(int(B), int(j1 - j0), int(D4), p.dG + at * D4, int(D4), p.Rt + h * D4 * D + j0,
-                                        int(D), dh_rec + h * B * D + j0, int(D), false);
-                for (int64_t b = 0; b < B; ++b)  // nothing reaches the h before a document start
-                    if (p.restarts(b, t)) std::fill(dh_rec + (h * B + b) * D + j0, dh_rec + (h * B + b) * D + j1, 0.0f);
+                unit_recurrent_grad(B, D, j0, j1, p.dG + at * D4, p.Rt + h * D4 * D, dh_rec + h * B * D,
+                                    [&](int64_t b) { return p.restarts(b, t); });
             }
             // No barrier here: the next token writes dG_{t-1}, and each thread reads only its own units' carries.
         }

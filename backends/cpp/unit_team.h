@@ -7,6 +7,7 @@
 #include <omp.h>
 #endif
 
+#include "block_gemm.h"
 #include "loops.h"
 
 namespace xlstm_zoo {
@@ -57,6 +58,37 @@ void team(int count, const Body& body) {
     FlushSubnormals flush;
     body(0, 1, barrier);
 #endif
+}
+
+// G = W + h_prev R for the B rows of one head and token, this thread's units [j0, j1) of each of the four gates
+// (W read in place, h_prev [B, D], R [D, 4D]); a row whose document starts here (restarts(b)) enters from h = 0,
+// so G = W there.
+template <typename Restarts>
+inline void unit_preactivations(int64_t B, int64_t D, int64_t j0, int64_t j1, const float* h_prev, const float* R,
+                                const float* W, float* G, const Restarts& restarts) {
+    const int64_t D4 = 4 * D;
+    if (j1 > j0)
+        for (int gate = 0; gate < 4; ++gate) {
+            const int64_t col = gate * D + j0;
+            gemm_b_onto<false>(int(B), int(j1 - j0), int(D), h_prev, int(D), R + col, int(D4), Addend{W + col, int(D4)},
+                               G + col, int(D4));
+        }
+    for (int64_t b = 0; b < B; ++b)
+        if (restarts(b))
+            for (int gate = 0; gate < 4; ++gate)
+                std::copy(W + b * D4 + gate * D + j0, W + b * D4 + gate * D + j1, G + b * D4 + gate * D + j0);
+}
+
+// dh_prev = dG R^T for the B rows of one head and token, this thread's units [j0, j1) (dG [B, 4D], Rt = R^T
+// [4D, D], dh_rec [B, D]); nothing reaches the h before a document start (restarts(b)).
+template <typename Restarts>
+inline void unit_recurrent_grad(int64_t B, int64_t D, int64_t j0, int64_t j1, const float* dG, const float* Rt,
+                                float* dh_rec, const Restarts& restarts) {
+    if (j1 > j0)
+        gemm_b_plain<false>(int(B), int(j1 - j0), int(4 * D), dG, int(4 * D), Rt + j0, int(D), dh_rec + j0, int(D),
+                            false);
+    for (int64_t b = 0; b < B; ++b)
+        if (restarts(b)) std::fill(dh_rec + b * D + j0, dh_rec + b * D + j1, 0.0f);
 }
 
 }  // namespace xlstm_zoo
