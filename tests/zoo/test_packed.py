@@ -105,7 +105,7 @@ def check_packed_model(name, dtype):
     model.zero_grad()
     alone_logits, alone_final = torch.zeros_like(logits), []
     for row in range(len(STARTS)):
-        row_state = select_rows(state, slice(row, row + 1))
+        row_state = select_rows(state, slice(row, row + 1)) if from_state else None
         for start, end, fresh in documents(row):
             out, row_state = model(tokens[row:row + 1, start:end], None if fresh else row_state)
             (out * weights[row:row + 1, start:end]).sum().backward()
@@ -330,10 +330,13 @@ def test_packable_batches_the_rows_without_inner_starts():
     ("mlstm", dict(form="recurrent")), ("mlstm", dict(form="parallel")), ("mlstm", dict(form="chunkwise", chunk_size=4)),
     ("retention", dict(form="recurrent")), ("retention", dict(form="parallel")),
     ("retention", dict(form="chunkwise", chunk_size=4)), ("attention", dict(max_cache=32)),
+    ("attention", dict(max_cache=32, num_heads=4, num_kv_heads=2)),
 ])
-def test_cells_keep_documents_apart_in_every_form(kind, config):
-    """The cells with boundaries of their own, each form, from a given state, in float64: outputs, final states
-    and all gradients equal each document run alone (documents cross chunks of 4; starts at 0 and T-1)."""
+@pytest.mark.parametrize("from_state", [True, False], ids=["from-state", "from-zero"])
+def test_cells_keep_documents_apart_in_every_form(kind, config, from_state):
+    """The cells with boundaries of their own, each form, from a given state or none (attention: the masked call
+    or the per-document one), in float64: outputs, final states and all gradients equal each document run alone
+    (documents cross chunks of 4; starts at 0 and T-1)."""
     from xlstm_zoo.config import BuildContext
     from xlstm_zoo.config import build as build_component
     from xlstm_zoo.registry import registry
@@ -344,13 +347,14 @@ def test_cells_keep_documents_apart_in_every_form(kind, config):
     x = torch.randn(len(STARTS), T, 8, dtype=torch.float64)
     with torch.no_grad():
         _, state = cell(torch.randn(len(STARTS), 3, 8, dtype=torch.float64))
+    state = state if from_state else None
     weights = torch.randn(len(STARTS), T, 8, dtype=torch.float64)
     out, final = cell(x, state, doc_starts=packed_mask())
     (out * weights).sum().backward()
     packed_grads = {n: p.grad.clone() for n, p in cell.named_parameters()}
     cell.zero_grad()
     for row in range(len(STARTS)):
-        row_state = select_rows(state, slice(row, row + 1))
+        row_state = select_rows(state, slice(row, row + 1)) if from_state else None
         for start, end, fresh in documents(row):
             y, row_state = cell(x[row:row + 1, start:end], None if fresh else row_state)
             (y * weights[row:row + 1, start:end]).sum().backward()
