@@ -105,7 +105,7 @@ def check_packed_model(name, dtype):
     model.zero_grad()
     alone_logits, alone_final = torch.zeros_like(logits), []
     for row in range(len(STARTS)):
-        row_state = select_rows(state, slice(row, row + 1)) if from_state else None
+        row_state = select_rows(state, slice(row, row + 1))
         for start, end, fresh in documents(row):
             out, row_state = model(tokens[row:row + 1, start:end], None if fresh else row_state)
             (out * weights[row:row + 1, start:end]).sum().backward()
