@@ -88,8 +88,12 @@ def plot(cells: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     experiments = list(dict.fromkeys(c["experiment"] for c in cells))
-    fig, axes = plt.subplots(1, len(experiments), figsize=(6 * len(experiments), 4.5), squeeze=False)
-    for ax, experiment in zip(axes[0], experiments):
+    columns = min(4, len(experiments))  # wrap into rows: one panel per experiment
+    rows = -(-len(experiments) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4.5 * rows), squeeze=False)
+    for ax in axes.flat[len(experiments):]:
+        ax.set_visible(False)
+    for ax, experiment in zip(axes.flat, experiments):
         keys = list(dict.fromkeys((c["variant"], c["setting"]) for c in cells if c["experiment"] == experiment))
         for i, key in enumerate(keys):
             group = [c for c in cells if c["experiment"] == experiment and (c["variant"], c["setting"]) == key]
