@@ -150,11 +150,16 @@ def test_resume_after_a_rank_dies_is_exact(ddp_run, tmp_path):
     proc, seconds = torchrun(tmp_path, out, fault="die")
     assert proc.returncode != 0 and (tmp_path / "died").exists()
     assert seconds < 120, "the surviving rank does not hang"
-    assert load_checkpoint(out / "checkpoint")[2]["step"] == 20
+    # Rank 1 dies after 25 steps both ranks took. Which of two right checkpoints rank 0 leaves is a race:
+    # gloo's broken-connection error first keeps the periodic one (step 20); torchrun's SIGTERM first
+    # makes rank 0 save the 25 steps it took (an "interrupted" event). Either way the resume is exact.
+    saved = load_checkpoint(out / "checkpoint")[2]["step"]
+    interrupted = [{"step": 25, "event": "interrupted"}] if saved == 25 else []
+    assert saved in (20, 25), saved
     proc, _ = torchrun(tmp_path, out, fault="die")
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = [r for r in read_metrics(out / "metrics.jsonl") if r.get("event")]
-    assert events == [{"step": 20, "event": "resumed", "world_size": 2}]
+    assert events == [*interrupted, {"step": saved, "event": "resumed", "world_size": 2}]
     resumed, uninterrupted = states(out)[0], states(ddp_run[0])[0]
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
