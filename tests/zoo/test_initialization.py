@@ -130,3 +130,14 @@ def test_build_dump_shows_the_init_section(run_cli):
     dumped = yaml.safe_load(out)["model"]["init"]
     assert code == 0 and dumped["scheme"] == "xlstm" and set(dumped["std"]) == set(ROLES)
     assert "init (scheme xlstm)" in err and "recurrent zeros" in " ".join(err.split())
+
+
+def test_lstm_forget_bias_is_one_value_or_a_spread_over_the_units():
+    constant = build("lstm", "stack.blocks.l.cell.forget_bias=3")
+    spread = build("lstm", "stack.blocks.l.cell.forget_bias={kind: power_law, start: 3, end: 0, exponent_first: 1, "
+                           "exponent_last: 1, over: units}")
+    for model, expected in ((constant, torch.full((64,), 3.0)), (spread, torch.linspace(3.0, 0.0, 64))):
+        for layer in model.stack.blocks:
+            bias = layer.cell.if_proj.bias
+            assert torch.allclose(bias[64:], expected, atol=1e-6)   # the forget half
+            assert not torch.equal(bias[:64], expected)              # the input gate keeps its own init

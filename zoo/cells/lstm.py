@@ -11,6 +11,7 @@ from xlstm_zoo.packed import takes_doc_starts
 from xlstm_zoo import backends as ops
 from xlstm_zoo.cells.base import Cell, merge_heads, recurrent_cell_roles, recurrent_weight
 from xlstm_zoo.config import BuildContext, ZooConfig
+from xlstm_zoo.gates import BiasInit, bias_values
 from xlstm_zoo.layers import Linear
 from xlstm_zoo.registry import component
 
@@ -19,7 +20,9 @@ class LSTMCellConfig(ZooConfig):
     type: Literal["lstm"] = "lstm"
     recurrent: Literal["full", "blockdiag"] = Field("full", description="full recurrent matrix, or one block per head")
     num_heads: int = Field(1, ge=1, description="heads for recurrent=blockdiag (full means one head)")
-    forget_bias: float = Field(1.0, description="initial forget-gate bias")
+    forget_bias: float | BiasInit = Field(
+        1.0, description="initial forget-gate bias: one value for every unit, or a spread "
+                         "(constant | linspace | normal | power_law, as a gate's bias_init)")
     backend: str | None = Field(None, description="force a backend for this cell (default: dispatcher's choice)")
 
     @model_validator(mode="after")
@@ -27,6 +30,12 @@ class LSTMCellConfig(ZooConfig):
         if self.recurrent == "full" and self.num_heads != 1:
             raise ValueError(f"num_heads={self.num_heads} needs recurrent: blockdiag (full recurrence is one head)")
         return self
+
+
+def forget_bias_values(init: float | BiasInit, units: int, heads: int, ctx: BuildContext) -> torch.Tensor:
+    if isinstance(init, (int, float)):
+        return torch.full((units,), float(init))
+    return bias_values(init, units, heads, ctx.block_index, ctx.num_blocks)
 
 
 @component("cell", "lstm", config=LSTMCellConfig, description="classic LSTM: sigmoid gates, tanh cell, full or per-head recurrence")
@@ -38,7 +47,7 @@ class LSTMCell(Cell):
         self.if_proj = Linear(ctx.dim, 2 * ctx.dim)   # input and forget gates read x
         self.zo_proj = Linear(ctx.dim, 2 * ctx.dim)   # cell input and output gate read the value stream
         with torch.no_grad():
-            self.if_proj.bias[ctx.dim:].fill_(config.forget_bias)
+            self.if_proj.bias[ctx.dim:] = forget_bias_values(config.forget_bias, ctx.dim, H, ctx)
         self.R = recurrent_weight(H, self.head_dim)
 
     @property
