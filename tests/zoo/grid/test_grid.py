@@ -103,6 +103,23 @@ def test_a_set_inside_a_variants_value_is_no_collision(recwarn):
     assert cells[0].recipe.model.stack.post_norm.type == "layernorm"
 
 
+def test_a_child_recipe_changes_one_field_of_an_inherited_variant(tmp_path):
+    # extends: merges the child's variant entries after the parent's, so a dot-path refines the parent's stack
+    import yaml
+
+    stack = {"type": "xlstm", "pattern": "l", "blocks": {"l": {"type": "plain", "cell": {"type": "lstm"}}}}
+    parent = grid_recipe(variants={"LSTM": {"model.stack": stack}})
+    (tmp_path / "parent.yaml").write_text(yaml.safe_dump(parent, sort_keys=False))
+    child = {"extends": "parent.yaml", "grid": {"variants": {"LSTM": {"model.stack.blocks.l.cell.forget_bias": 3.0}}}}
+    (tmp_path / "child.yaml").write_text(yaml.safe_dump(child, sort_keys=False))
+    restated = grid_recipe(variants={"LSTM": {"model.stack": {**stack, "blocks": {
+        "l": {"type": "plain", "cell": {"type": "lstm", "forget_bias": 3.0}}}}}})
+    cells, same = expand(load_recipe(tmp_path / "child.yaml")), expand(load_recipe(restated))
+    assert [c.recipe.model.stack.blocks["l"].cell.forget_bias for c in cells] == [3.0, 3.0]
+    assert [c.id for c in cells] == [c.id for c in same], "the same cells as the stack restated with the one field"
+    assert not {c.id for c in cells} & {c.id for c in expand(load_recipe(parent))}
+
+
 def test_bad_grids():
     with pytest.raises(ConfigError, match="zipped group 0 pairs lists of different lengths"):
         load_recipe(grid_recipe(zipped=[{"train.lr": [1, 2], "train.steps": [3]}]))
