@@ -32,7 +32,7 @@ class LSTMCellConfig(ZooConfig):
         return self
 
 
-def forget_bias_values(init: float | BiasInit, units: int, heads: int, ctx: BuildContext) -> torch.Tensor:
+def _forget_bias_values(init: float | BiasInit, units: int, heads: int, ctx: BuildContext) -> torch.Tensor:
     if isinstance(init, (int, float)):
         return torch.full((units,), float(init))
     return bias_values(init, units, heads, ctx.block_index, ctx.num_blocks)
@@ -47,7 +47,7 @@ class LSTMCell(Cell):
         self.if_proj = Linear(ctx.dim, 2 * ctx.dim)   # input and forget gates read x
         self.zo_proj = Linear(ctx.dim, 2 * ctx.dim)   # cell input and output gate read the value stream
         with torch.no_grad():
-            self.if_proj.bias[ctx.dim:] = forget_bias_values(config.forget_bias, ctx.dim, H, ctx)
+            self.if_proj.bias[ctx.dim:] = _forget_bias_values(config.forget_bias, ctx.dim, H, ctx)
         self.R = recurrent_weight(H, self.head_dim)
 
     @property

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from xlstm_zoo import load_recipe
 from xlstm_zoo.checkpoint import find_checkpoint, load_checkpoint
@@ -105,8 +106,6 @@ def test_a_set_inside_a_variants_value_is_no_collision(recwarn):
 
 def test_a_child_recipe_changes_one_field_of_an_inherited_variant(tmp_path):
     # extends: merges the child's variant entries after the parent's, so a dot-path refines the parent's stack
-    import yaml
-
     stack = {"type": "xlstm", "pattern": "l", "blocks": {"l": {"type": "plain", "cell": {"type": "lstm"}}}}
     parent = grid_recipe(variants={"LSTM": {"model.stack": stack}})
     (tmp_path / "parent.yaml").write_text(yaml.safe_dump(parent, sort_keys=False))
