@@ -74,8 +74,11 @@ BiasInit = Annotated[
 ]
 
 
-def bias_values(init: BiasInit, units: int, heads: int, block_index: int = 0, num_blocks: int = 1) -> torch.Tensor:
-    """The initial bias, one value per unit (``units`` split evenly over ``heads``)."""
+def bias_values(init: float | BiasInit, units: int, heads: int, block_index: int = 0,
+                num_blocks: int = 1) -> torch.Tensor:
+    """The initial bias, one value per unit (``units`` split evenly over ``heads``); a plain number is a constant."""
+    if isinstance(init, (int, float)):
+        init = ConstantInit(value=init)
     per_head = units // heads
     position = torch.linspace(0.0, 1.0, heads) if heads > 1 else torch.zeros(1)
     if isinstance(init, ConstantInit):

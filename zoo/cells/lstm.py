@@ -32,12 +32,6 @@ class LSTMCellConfig(ZooConfig):
         return self
 
 
-def _forget_bias_values(init: float | BiasInit, units: int, heads: int, ctx: BuildContext) -> torch.Tensor:
-    if isinstance(init, (int, float)):
-        return torch.full((units,), float(init))
-    return bias_values(init, units, heads, ctx.block_index, ctx.num_blocks)
-
-
 @component("cell", "lstm", config=LSTMCellConfig, description="classic LSTM: sigmoid gates, tanh cell, full or per-head recurrence")
 class LSTMCell(Cell):
     def __init__(self, config: LSTMCellConfig, ctx: BuildContext):
@@ -47,7 +41,7 @@ class LSTMCell(Cell):
         self.if_proj = Linear(ctx.dim, 2 * ctx.dim)   # input and forget gates read x
         self.zo_proj = Linear(ctx.dim, 2 * ctx.dim)   # cell input and output gate read the value stream
         with torch.no_grad():
-            self.if_proj.bias[ctx.dim:] = _forget_bias_values(config.forget_bias, ctx.dim, H, ctx)
+            self.if_proj.bias[ctx.dim:] = bias_values(config.forget_bias, ctx.dim, H, ctx.block_index, ctx.num_blocks)
         self.R = recurrent_weight(H, self.head_dim)
 
     @property
