@@ -24,3 +24,23 @@ def test_reused_cells_keep_their_names():
     screen = {c.id for c in expand(load_recipe(CLAIM / "tasks_slstm_screen.yaml"))}
     seeds = {c.id for c in expand(load_recipe(CLAIM / "tasks_slstm_conv0.yaml"))}
     assert len(screen & seeds) == 1
+
+
+def test_the_tuned_profile_is_the_claim_experiments_best_rows():
+    # docs/results.md reports the tuned grid's LSTM and xLSTM[0:1] cycle_nav / mod_arith_no_brackets cells from
+    # these experiments' runs: that holds only while both expand to the same cells (same meaning digest)
+    tuned = {(c.labels["variant"], c.labels["task.type"], c.labels["seed"]): c.digest
+             for c in expand(load_recipe("state_tracking", profile="tuned"))}
+    for recipe, row in (("tasks_lstm_lr.yaml", "LSTM"), ("tasks_slstm_forget_dim128.yaml", "xLSTM[0:1]")):
+        cells = expand(load_recipe(CLAIM / recipe))
+        assert len(cells) == 6
+        for cell in cells:
+            assert cell.digest == tuned[(row, cell.labels["task.type"], cell.labels["seed"])], (recipe, cell.labels)
+
+
+def test_the_tuned_profile_stops_early_only_where_the_paper_has_every_learner_solve_the_task():
+    cells = expand(load_recipe("state_tracking", profile="tuned"))
+    assert len(cells) == 8 * 4 * 3
+    stops = {c.labels["task.type"]: c.recipe.train.early_stop for c in cells}
+    assert stops["cycle_nav"] is None and stops["mod_arith_no_brackets"] is None
+    assert stops["parity"].at_most == stops["even_pairs"].at_most == 0.001

@@ -155,10 +155,10 @@ def test_schema_lists_registered_components():
 
 
 GRID_RECIPES = [name for name in SHIPPED if load_recipe(name).grid is not None]
+GRID_PROFILES = [(name, profile) for name in GRID_RECIPES for profile in [None, *(load_recipe(name).profiles or {})]]
 
 
-@pytest.mark.parametrize("profile", [None, "quick", "full"])
-@pytest.mark.parametrize("name", GRID_RECIPES)
+@pytest.mark.parametrize(("name", "profile"), GRID_PROFILES)
 def test_every_shipped_grid_expands_to_valid_cells(name, profile):
     from xlstm_zoo.grid.expand import expand
 
