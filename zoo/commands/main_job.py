@@ -20,6 +20,7 @@ from xlstm_zoo.errors import ConfigError
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.grid.expand import expand
 from xlstm_zoo.grid.report import build_report, write_report
+from xlstm_zoo.grid.select import parse_only, select
 from xlstm_zoo.grid.ray_executor import RayExecutor, import_ray
 from xlstm_zoo.grid.runner import (LocalExecutor, UnreadableResult, cell_states, read_result, run_grid)
 from xlstm_zoo.loggers.base import build_loggers
@@ -61,6 +62,10 @@ def _grid_arguments(parser) -> None:
                         help="leave cells that another launch on the same --out is training to it, instead of "
                              "waiting for them")
     parser.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    parser.add_argument("--only", action="append", default=[], metavar="LABEL=VALUES",
+                        help="run (or --dry-run list) only the cells with these labels, e.g. --only variant=LSTM "
+                             "--only task.type=cycle_nav,parity --only seed=0 (repeatable; every one must match): "
+                             "a long grid in parts, each launch on the same --out")
     parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                         help="train N cells at once in worker processes (default 1; small models: one per core)")
     parser.add_argument("--executor", choices=("local", "ray"),
@@ -168,8 +173,9 @@ def cmd_grid(args) -> int:
                           "or --status RUN_DIR")
     recipe = _load(args)
     out = Path(args.out) if args.out else default_out(recipe, args.profile)
+    only = parse_only(args.only)
     if args.dry_run:
-        cells = expand(recipe)
+        cells = select(expand(recipe), only)
 
         rows = table("cell", "overrides", "state", title=f"{len(cells)} cells -> {out}")
         for cell in cells:
@@ -189,7 +195,7 @@ def cmd_grid(args) -> int:
     plugins = list(getattr(args, "plugins", []))  # --plugin modules: workers load them too
     setup = functools.partial(configure, strict=None, modules=plugins) if plugins else None
     counts = run_grid(recipe, out, retry_failed=args.retry_failed, jobs=args.jobs, worker_setup=setup,
-                      wait=not args.no_wait, executor=_executor(args, recipe))
+                      wait=not args.no_wait, executor=_executor(args, recipe), only=only)
     report = build_report(out)
     files = write_report(report, out)
     sys.stdout.write(report.markdown())

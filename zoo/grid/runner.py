@@ -46,6 +46,7 @@ from xlstm_zoo.checkpoint import atomic_write, find_checkpoint, json_text, make_
 from xlstm_zoo.grid.claims import CellBusy, acquire, describe, read_claim
 from xlstm_zoo.errors import ConfigError, ZooError
 from xlstm_zoo.grid.expand import Cell, expand, recipe_digest
+from xlstm_zoo.grid.select import select
 from xlstm_zoo.progress import progress_columns
 from xlstm_zoo.recipe_loader import load_recipe
 from xlstm_zoo.training.distributed import check_split, run_torchrun
@@ -159,8 +160,10 @@ def grid_manifest(recipe, cells: list[Cell]) -> dict:
 
 def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console: Console | None = None,
              jobs: int = 1, worker_setup: Callable[[], None] | None = None, wait: bool = True,
-             poll_s: float = 2.0, executor=None) -> dict:
+             poll_s: float = 2.0, executor=None, only: dict[str, set[str]] | None = None) -> dict:
     """Run every cell that has no result yet; returns counts of ran/skipped/failed/busy cells.
+    ``only`` runs the part of the grid with those labels (:func:`xlstm_zoo.grid.select.select`); the
+    manifest still lists every cell, so parts run by several launches add up to one grid.
 
     ``jobs > 1`` trains that many cells at once in worker processes (``spawn``ed, each with
     ``cores // jobs`` torch threads, each calling the picklable ``worker_setup`` first: the command
@@ -176,17 +179,18 @@ def run_grid(recipe, out_dir: str | Path, *, retry_failed: bool = False, console
     if (out_dir / "grid.json").exists():  # never overwrite a file that is not ours, or another grid's manifest
         check_owner(read_manifest(out_dir), recipe, out_dir)
     cells = expand(recipe)
+    chosen = select(cells, only or {})
     make_run_dir(out_dir)
     since = time.time()
     write_json(out_dir / "grid.json", grid_manifest(recipe, cells))
     counts = {"ran": 0, "skipped": 0, "failed": 0, "busy": 0}
     console = console or Console(stderr=True)
     say = functools.partial(console.print, markup=False, highlight=False, soft_wrap=True)
-    todo = [cell for cell in cells if not is_done(cell, out_dir, retry_failed, say=say)]
-    counts["skipped"] = len(cells) - len(todo)
+    todo = [cell for cell in chosen if not is_done(cell, out_dir, retry_failed, say=say)]
+    counts["skipped"] = len(chosen) - len(todo)
 
     with Progress(*progress_columns(), console=console, transient=False) as progress:
-        overall = progress.add_task("grid", total=len(cells), completed=counts["skipped"], info="")
+        overall = progress.add_task("grid", total=len(chosen), completed=counts["skipped"], info="")
         busy: list[Cell] = []
 
         def record(cell: Cell, result: dict) -> None:
