@@ -3,8 +3,8 @@ the paper's numbers beside ours where the recipe maps the grid to a paper table;
 curves behind them (``curves.png``), read from each cell's metrics.jsonl.
 
 Only seeds are averaged: a label that varies across the cells (the variant, an axis, a zipped
-path) and is neither the report's ``rows`` nor its ``columns`` is added to the row's name
-(``small, train.lr=0.003``), so different settings are never averaged as if they were seeds."""
+path) within one row and column is added to the row's name (``small, train.lr=0.003``), so different settings
+are never averaged as if they were seeds; one fixed by the row and column (zipped with the columns' axis) is not."""
 
 from __future__ import annotations
 
@@ -157,10 +157,23 @@ def _label(labels: dict, key: str | None) -> str:
 
 
 def _varying(cells: list[dict], keep: tuple[str | None, ...]) -> list[str]:
-    """Labels other than the seed and ``keep`` whose value differs between cells, in label order."""
+    """Labels other than the seed and ``keep`` whose value differs between cells where ``keep``'s do not, in label
+    order. A label that ``keep`` fixes (a path zipped with the columns' axis, e.g. a stop rule per task) names no
+    other setting: every cell of one row and column has the same value."""
+    def text(cell, key):
+        return json.dumps(cell["labels"].get(key), sort_keys=True)
+
     names = dict.fromkeys(k for c in cells for k in c["labels"])
-    return [k for k in names if k != "seed" and k not in keep
-            and len({json.dumps(c["labels"].get(k), sort_keys=True) for c in cells}) > 1]
+    varying = []
+    for name in names:
+        if name == "seed" or name in keep:
+            continue
+        values: dict[tuple, set[str]] = {}
+        for cell in cells:
+            values.setdefault(tuple(text(cell, k) for k in keep if k is not None), set()).add(text(cell, name))
+        if any(len(v) > 1 for v in values.values()):
+            varying.append(name)
+    return varying
 
 
 def _row(labels: dict, key: str, extra: list[str]) -> str:

@@ -284,3 +284,18 @@ def test_parallel_jobs_run_every_cell_once_and_resume(tmp_path):
 def test_jobs_must_be_positive(run_cli):
     with pytest.raises(SystemExit):
         run_cli("grid", "formal_languages", "--jobs", "0")
+
+
+def test_a_setting_is_named_in_the_row_unless_the_row_and_column_fix_it(tmp_path):
+    from xlstm_zoo.grid.runner import grid_manifest, write_json
+
+    data = grid_recipe(axes={"train.lr": [0.01, 0.03]},
+                       zipped=[{"task.length": [2, 3], "train.batch_size": [8, 16]}])
+    data["report"]["columns"] = "task.length"
+    recipe = load_recipe(data)
+    write_json(tmp_path / "grid.json", grid_manifest(recipe, expand(recipe)))
+    report = build_report(tmp_path)
+    # the lr is a setting of its own (two per row and column); the batch size is paired with the length column
+    assert report.rows == ["small, train.lr=0.01", "small, train.lr=0.03", "wide, train.lr=0.01", "wide, train.lr=0.03"]
+    assert report.columns == ["2", "3"]
+    assert all(group.pending == 2 for group in report.groups.values()), "two seeds per row and column, not averaged"
