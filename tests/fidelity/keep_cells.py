@@ -23,10 +23,10 @@ from pathlib import Path
 
 
 def kept_metrics(path: Path) -> str:
-    records = [line for line in path.read_text().splitlines() if line.strip()]
-    train = [line for line in records if json.loads(line).get("split") == "train"]
-    kept = [line for line in records if json.loads(line).get("split") != "train"] + train[-1:]
-    return "".join(line + "\n" for line in sorted(kept, key=lambda line: json.loads(line)["step"]))
+    records = [(json.loads(line), line) for line in path.read_text().splitlines() if line.strip()]
+    train = [r for r in records if r[0].get("split") == "train"]
+    kept = [r for r in records if r[0].get("split") != "train"] + train[-1:]
+    return "".join(line + "\n" for _, line in sorted(kept, key=lambda r: r[0]["step"]))
 
 
 def keep(run_dir: Path, out: Path) -> list[str]:
