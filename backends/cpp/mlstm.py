@@ -42,7 +42,7 @@ c_entry("mlstm_chunk_backward_f32", "ptr*21 i64*4 f32 i64")
 c_entry("mlstm_chunk_sums_forward_f32", "ptr*5 i64*5")
 c_entry("mlstm_chunk_sums_backward_f32", "ptr*8 i64*5")
 c_entry("mlstm_sequence_forward_f32", "ptr*20 i64*6 f32 f32 i64")
-c_entry("mlstm_sequence_backward_f32", "ptr*26 i64*6 f32 f32 i64")
+c_entry("mlstm_sequence_backward_f32", "ptr*26 i64*7 f32 f32 i64")
 c_entry("mlstm_step_f32", "ptr*12 i64*3 f32 f32 int int i64")
 
 
@@ -164,16 +164,16 @@ def _strides(q, k, v) -> torch.Tensor:
 def _sequence_call(q, k, v, log_i, log_f, starts, C0, n0, m0, scale: float, eps: float, chunk_size: int, *,
                    keep: bool):
     """The compiled forward: ``h`` and the final state, and (``keep``) what the backward reads. ``starts``:
-    contiguous bool ``[B, T]`` document starts, or None."""
+    contiguous bool ``[B, T]`` document starts, or None; ``C0, n0, m0`` None: the zero state."""
     B, H, T, Dk = q.shape
     Dv, NC = v.shape[-1], -(-T // chunk_size)
     strides = _strides(q, k, v)  # bound to a local: a temporary's pointer would dangle by the time of the call
-    h, C, n, m = v.new_empty(B, H, T, Dv), torch.empty_like(C0), torch.empty_like(n0), torch.empty_like(m0)
+    h, C, n, m = v.new_empty(B, H, T, Dv), q.new_empty(B, H, Dk, Dv), q.new_empty(B, H, Dk), q.new_empty(B, H)
     kept = (q.new_empty(B, H, NC, Dk, Dv), q.new_empty(B, H, NC, Dk), q.new_empty(B, H, NC),
             q.new_empty(B, H, NC, chunk_size, chunk_size), q.new_empty(B, H, T), q.new_empty(B, H, T)) if keep else None
     library().xlstm_zoo_mlstm_sequence_forward_f32(
-        *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f)), pointer(starts),
-        *(t.data_ptr() for t in (C0, n0, m0, h, C, n, m)),
+        *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f)), pointer(starts), *map(pointer, (C0, n0, m0)),
+        *(t.data_ptr() for t in (h, C, n, m)),
         *(pointer(t) for t in (kept or (None,) * 6)), B, H, T, chunk_size, Dk, Dv, scale, eps, torch.get_num_threads())
     return (h, C, n, m), kept
 
@@ -184,6 +184,7 @@ class _CppSequence(torch.autograd.Function):
         outputs, kept = _sequence_call(q, k, v, log_i, log_f, starts, C0, n0, m0, scale, eps, chunk_size, keep=True)
         ctx.settings = (scale, eps, chunk_size)
         ctx.starts = starts
+        ctx.zero_state = C0 is None
         ctx.save_for_backward(q, k, v, log_i, log_f, outputs[0], *kept)
         ctx.set_materialize_grads(False)  # no gradient on the final state: null pointers, not zeros
         return outputs
@@ -201,13 +202,15 @@ class _CppSequence(torch.autograd.Function):
         strides = _strides(q, k, v)
         dq, dk, dv = q.new_empty(B, H, T, Dk), k.new_empty(B, H, T, Dk), v.new_empty(B, H, T, Dv)
         dlog_i, dlog_f = torch.empty_like(log_i), torch.empty_like(log_f)
-        dC0, dn0, dm0 = q.new_empty(B, H, Dk, Dv), q.new_empty(B, H, Dk), q.new_empty(B, H)
+        # The initial state's gradients only where one is wanted (the zero state of state=None never is).
+        initial = (q.new_empty(B, H, Dk, Dv), q.new_empty(B, H, Dk), q.new_empty(B, H)) \
+            if any(ctx.needs_input_grad[6:9]) else (None, None, None)
         library().xlstm_zoo_mlstm_sequence_backward_f32(
             *(t.data_ptr() for t in (q, k, v, strides, log_i, log_f)), pointer(ctx.starts),
             *(t.data_ptr() for t in (h, *kept, dh)), *map(pointer, (dC, dn, dm)),
-            *(t.data_ptr() for t in (dq, dk, dv, dlog_i, dlog_f, dC0, dn0, dm0)), B, H, T, chunk_size, Dk, Dv, scale,
-            eps, torch.get_num_threads())
-        return dq, dk, dv, dlog_i, dlog_f, None, dC0, dn0, dm0, None, None, None
+            *(t.data_ptr() for t in (dq, dk, dv, dlog_i, dlog_f)), *map(pointer, initial), B, H, T, chunk_size, Dk,
+            Dv, int(ctx.zero_state), scale, eps, torch.get_num_threads())
+        return dq, dk, dv, dlog_i, dlog_f, None, *initial, None, None, None
 
 
 def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: float, chunk_size: int,
@@ -220,11 +223,13 @@ def _sequence(q, k, v, i_pre, f_pre, state, gates: GateSchemes, qk_scale, eps: f
     Dv = v.shape[-1]
     q, k, v = map(_in_place, (q, k, v))
     log_i, log_f = (log_gate(pre, scheme).contiguous() for pre, scheme in ((i_pre, gates.input), (f_pre, gates.forget)))
-    C0, n0, m0 = map(_flat, initial_state(state, (B, H), Dk, Dv, torch.float32, q.device))
+    # No state: the kernel starts from the zero state itself and skips its terms (half the work of a short input).
+    C0, n0, m0 = (None, None, None) if state is None else map(
+        _flat, initial_state(state, (B, H), Dk, Dv, torch.float32, q.device))
     starts = None if doc_starts is None else doc_starts.to(device=q.device, dtype=torch.bool).contiguous()
     inputs = (q, k, v, log_i, log_f, starts, C0, n0, m0, Dk ** -0.5 if qk_scale is None else qk_scale, eps,
               chunk_size)
-    if _wants_grad(q, k, v, log_i, log_f, C0, n0, m0):
+    if _wants_grad(q, k, v, log_i, log_f, *(t for t in (C0, n0, m0) if t is not None)):
         h, C, n, m = _CppSequence.apply(*inputs)
     else:
         (h, C, n, m), _ = _sequence_call(*inputs, keep=False)

@@ -122,13 +122,14 @@ void compute_scores(const Sizes& s, const float* q, const float* k, float* score
     for (int64_t i = 0; i < s.L * s.L; ++i) scores[i] *= w.d[i];
 }
 
-// q . n0 for each row (the initial state's term of the normaliser).
+// q . n0 for each row (the initial state's term of the normaliser); n0 null: the zero state.
 void state_terms(const Sizes& s, const float* q, const float* n0, Workspace& w) {
-    for (int t = 0; t < s.L; ++t) w.q_n0[t] = dot(n0, q + t * s.Dk, s.Dk);
+    for (int t = 0; t < s.L; ++t) w.q_n0[t] = n0 ? dot(n0, q + t * s.Dk, s.Dk) : 0.0f;
 }
 
 // One chunk's outputs from its entering state (C0, n0, m0): h [L, Dv], and the readout's q.n and
-// denominator [L] and the scores [L, L] that the backward reads.
+// denominator [L] and the scores [L, L] that the backward reads. C0 and n0 null: the zero state (a sequence's
+// first chunk without an initial state), whose q C0 term is skipped: it is 0 and costs as much as the rest.
 void chunk_forward(const Sizes& s, const float* q, const float* k, const float* v, const float* log_i,
                    const float* log_f, const float* C0, const float* n0, float m0, float* h, float* qn, float* den,
                    float* scores, Workspace& w, const uint8_t* starts = nullptr) {
@@ -138,14 +139,16 @@ void chunk_forward(const Sizes& s, const float* q, const float* k, const float* 
     compute_scores(s, q, k, scores, w);
     state_terms(s, q, n0, w);
     // num = w0 * (q C0) + scores v, accumulated in h
-    block_gemm(false, false, L, Dv, Dk, q, Dk, C0, Dv, false, h, Dv, w.bt.data());
-    for (int t = 0; t < L; ++t) {
-        float* hr = h + int64_t(t) * Dv;
-        const float w0 = w.w0[t];
-        XLSTM_ZOO_SIMD
-        for (int j = 0; j < Dv; ++j) hr[j] *= w0;
+    if (C0) {
+        block_gemm(false, false, L, Dv, Dk, q, Dk, C0, Dv, false, h, Dv, w.bt.data());
+        for (int t = 0; t < L; ++t) {
+            float* hr = h + int64_t(t) * Dv;
+            const float w0 = w.w0[t];
+            XLSTM_ZOO_SIMD
+            for (int j = 0; j < Dv; ++j) hr[j] *= w0;
+        }
     }
-    block_gemm(false, false, L, Dv, L, scores, L, v, Dv, true, h, Dv, w.bt.data());
+    block_gemm(false, false, L, Dv, L, scores, L, v, Dv, C0 != nullptr, h, Dv, w.bt.data());
     for (int t = 0; t < L; ++t) {
         const float* sr = scores + int64_t(t) * L;
         float row = 0.0f;
@@ -189,7 +192,9 @@ Backward at_block(Backward p, int64_t b) {
     return p;
 }
 
-// One chunk's backward (p: that chunk's pointers); its gradients are written, not added.
+// One chunk's backward (p: that chunk's pointers); its gradients are written, not added. C0 and n0 null: the
+// zero state (its terms are 0); dC0 and dn0 null: the entering state's gradient is not wanted (dm0 still is
+// written).
 void chunk_backward(const Backward& p, Workspace& w) {
     const Sizes& s = p.s;
     const int L = s.L, Dk = s.Dk, Dv = s.Dv;
@@ -221,24 +226,33 @@ void chunk_backward(const Backward& p, Workspace& w) {
 
     // Initial-state terms: num += w0 (q C0), qn += w0 (q . n0). With G = dnum C0^T:
     // d w0 = q . G + dqn (q . n0), dq = w0 G + dqn w0 n0, dC0 = q^T (w0 dnum), dn0 = q^T (dqn w0).
-    float* G = w.G.data();
-    block_gemm(false, true, L, Dk, Dv, dnum, Dv, C0, Dv, false, G, Dk, w.bt.data());
-    std::fill(dn0, dn0 + Dk, 0.0f);
-    for (int t = 0; t < L; ++t) {
-        const float* qr = q + int64_t(t) * Dk;
-        const float* gr = G + int64_t(t) * Dk;
-        dw0[t] = dot(qr, gr, Dk) + dqn[t] * w.q_n0[t];
-        const float dq_n0 = dqn[t] * w0[t];
-        float* dqr = dq + int64_t(t) * Dk;
-        for (int i = 0; i < Dk; ++i) {
-            dqr[i] = w0[t] * gr[i] + dq_n0 * n0[i];
-            dn0[i] += dq_n0 * qr[i];
+    if (C0) {
+        float* G = w.G.data();
+        block_gemm(false, true, L, Dk, Dv, dnum, Dv, C0, Dv, false, G, Dk, w.bt.data());
+        for (int t = 0; t < L; ++t) {
+            const float* qr = q + int64_t(t) * Dk;
+            const float* gr = G + int64_t(t) * Dk;
+            dw0[t] = dot(qr, gr, Dk) + dqn[t] * w.q_n0[t];
+            const float dq_n0 = dqn[t] * w0[t];
+            float* dqr = dq + int64_t(t) * Dk;
+            for (int i = 0; i < Dk; ++i) dqr[i] = w0[t] * gr[i] + dq_n0 * n0[i];
         }
+    } else {
+        std::fill(dw0, dw0 + L, 0.0f);
+        std::fill(dq, dq + int64_t(L) * Dk, 0.0f);
     }
-    float* dq_c0 = w.dq_c0.data();
-    for (int t = 0; t < L; ++t)
-        for (int j = 0; j < Dv; ++j) dq_c0[int64_t(t) * Dv + j] = w0[t] * dnum[int64_t(t) * Dv + j];
-    block_gemm(true, false, Dk, Dv, L, q, Dk, dq_c0, Dv, false, dC0, Dv, w.bt.data());
+    if (dC0) {
+        std::fill(dn0, dn0 + Dk, 0.0f);
+        for (int t = 0; t < L; ++t) {
+            const float* qr = q + int64_t(t) * Dk;
+            const float dq_n0 = dqn[t] * w0[t];
+            for (int i = 0; i < Dk; ++i) dn0[i] += dq_n0 * qr[i];
+        }
+        float* dq_c0 = w.dq_c0.data();
+        for (int t = 0; t < L; ++t)
+            for (int j = 0; j < Dv; ++j) dq_c0[int64_t(t) * Dv + j] = w0[t] * dnum[int64_t(t) * Dv + j];
+        block_gemm(true, false, Dk, Dv, L, q, Dk, dq_c0, Dv, false, dC0, Dv, w.bt.data());
+    }
 
     // Intra-chunk terms: num += scores v, qn += rowsum(scores), scores = (q k^T) * d.
     block_gemm(false, true, L, L, Dv, dnum, Dv, v, Dv, false, d_scores, L, w.bt.data());
@@ -368,14 +382,15 @@ struct Sequence {
     int64_t q_stride[3], k_stride[3], v_stride[3];  // batch, head, time (the feature stride is 1)
     float scale;
     const float *log_i, *log_f;  // [rows, T]
-    const float *C0, *n0, *m0;   // the initial state
+    const float *C0, *n0, *m0;   // the initial state (null: the zero state)
+    bool zero_state;             // the backward's: the forward ran from the zero state
     float *h;                    // [rows, T, Dv]
     float *C, *n, *m;            // the final state (the running one during the forward)
     // Kept for the backward (null: inference): per chunk the entering state [rows, NC, Dk(, Dv)] / [rows, NC]
     // and scores [rows, NC, L, L]; per token the readout's q.n and denominator [rows, T].
     float *C_in, *n_in, *m_in, *scores, *qn, *den;
     // The backward's inputs (dC, dn, dm: the final state's gradients, null for none) and outputs (dq, dk,
-    // dv contiguous [rows, T, D]; dlog_i, dlog_f [rows, T]; the initial state's).
+    // dv contiguous [rows, T, D]; dlog_i, dlog_f [rows, T]; the initial state's, null: not wanted).
     const float *dh, *dC, *dn, *dm;
     float *dq, *dk, *dv, *dlog_i, *dlog_f, *dC0, *dn0, *dm0;
     const uint8_t* starts;  // document starts [B, T] (null: none), the same for every head of a batch row
@@ -527,9 +542,15 @@ void gather_row_chunk(const Sequence& p, int64_t row, int64_t t0, int L, Sequenc
 void sequence_row(const Sequence& p, int64_t row, SequenceWorkspace& sw) {
     const int64_t Dk = p.s.Dk, Dv = p.s.Dv, T = p.T, NC = p.chunks(), L_full = p.s.L;
     float *C = p.C + row * Dk * Dv, *n = p.n + row * Dk;
-    std::copy(p.C0 + row * Dk * Dv, p.C0 + (row + 1) * Dk * Dv, C);
-    std::copy(p.n0 + row * Dk, p.n0 + (row + 1) * Dk, n);
-    float m = p.m0[row];
+    float m = 0.0f;
+    if (p.C0) {
+        std::copy(p.C0 + row * Dk * Dv, p.C0 + (row + 1) * Dk * Dv, C);
+        std::copy(p.n0 + row * Dk, p.n0 + (row + 1) * Dk, n);
+        m = p.m0[row];
+    } else {
+        std::fill(C, C + Dk * Dv, 0.0f);
+        std::fill(n, n + Dk, 0.0f);
+    }
     const float *log_i = p.log_i + row * T, *log_f = p.log_f + row * T;
     const bool keep = p.C_in != nullptr;
     for (int64_t c = 0; c < NC; ++c) {
@@ -542,7 +563,9 @@ void sequence_row(const Sequence& p, int64_t row, SequenceWorkspace& sw) {
             p.m_in[at] = m;
         }
         const uint8_t* starts = p.chunk_starts(row, t0);
-        chunk_forward(s, sw.q.data(), sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C, n, m,
+        const bool zero = c == 0 && !p.C0;  // the zero state entering: its terms are skipped
+        chunk_forward(s, sw.q.data(), sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, zero ? nullptr : C,
+                      zero ? nullptr : n, m,
                       p.h + (row * T + t0) * Dv, keep ? p.qn + row * T + t0 : sw.qn.data(),
                       keep ? p.den + row * T + t0 : sw.den.data(),
                       keep ? p.scores + at * L_full * L_full : sw.w.scores.data(), sw.w, starts);
@@ -559,6 +582,8 @@ void sequence_backward_row(const Sequence& p, int64_t row, SequenceWorkspace& sw
     if (p.dn) std::copy(p.dn + row * Dk, p.dn + (row + 1) * Dk, dn);
     else std::fill(dn, dn + Dk, 0.0f);
     float dm = p.dm ? p.dm[row] : 0.0f;
+    // No gradient on the final state: the last chunk's carry step adds exact zeros, so it is skipped.
+    bool state_grad = p.dC || p.dn || p.dm;
     const float *log_i = p.log_i + row * T, *log_f = p.log_f + row * T;
     for (int64_t c = NC - 1; c >= 0; --c) {
         const int64_t t0 = c * L_full, at = row * NC + c;
@@ -570,16 +595,22 @@ void sequence_backward_row(const Sequence& p, int64_t row, SequenceWorkspace& sw
         // gradient is the core's plus the carry's.
         float dm0 = 0.0f;
         const uint8_t* starts = p.chunk_starts(row, t0);
-        const Backward b{s, sw.q.data(), sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C_in, n_in,
-                         p.m_in + at, p.h + (row * T + t0) * Dv, p.qn + row * T + t0, p.den + row * T + t0,
-                         p.dh + (row * T + t0) * Dv, p.scores + at * L_full * L_full, sw.dq.data(), sw.dk.data(),
-                         sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw.dC0.data(), sw.dn0.data(), &dm0,
-                         starts};
+        const bool zero = c == 0 && p.zero_state;      // the zero state entered: its terms are 0
+        const bool entering = c > 0 || p.dC0;          // the entering state's gradient is wanted
+        const Backward b{s, sw.q.data(), sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, zero ? nullptr : C_in,
+                         zero ? nullptr : n_in, p.m_in + at, p.h + (row * T + t0) * Dv, p.qn + row * T + t0,
+                         p.den + row * T + t0, p.dh + (row * T + t0) * Dv, p.scores + at * L_full * L_full,
+                         sw.dq.data(), sw.dk.data(), sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(),
+                         entering ? sw.dC0.data() : nullptr, entering ? sw.dn0.data() : nullptr, &dm0, starts};
         chunk_backward(b, sw.w);
-        carry_backward(s, sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C_in, n_in, p.m_in[at], dC, dn, dm,
-                       sw.dk.data(), sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw, starts);
-        for (int64_t i = 0; i < Dk * Dv; ++i) dC[i] += sw.dC0[i];
-        for (int64_t i = 0; i < Dk; ++i) dn[i] += sw.dn0[i];
+        if (state_grad)
+            carry_backward(s, sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C_in, n_in, p.m_in[at], dC, dn, dm,
+                           sw.dk.data(), sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw, starts);
+        state_grad = true;  // from here on the chunk's entering-state gradient flows on
+        if (entering) {
+            for (int64_t i = 0; i < Dk * Dv; ++i) dC[i] += sw.dC0[i];
+            for (int64_t i = 0; i < Dk; ++i) dn[i] += sw.dn0[i];
+        }
         dm += dm0;
         float* dq = p.dq + (row * T + t0) * Dk;
         for (int64_t i = 0; i < L * Dk; ++i) dq[i] = sw.dq[i] * p.scale;  // q entered times its scale
@@ -588,6 +619,7 @@ void sequence_backward_row(const Sequence& p, int64_t row, SequenceWorkspace& sw
         std::copy(sw.dlog_i.begin(), sw.dlog_i.begin() + L, p.dlog_i + row * T + t0);
         std::copy(sw.dlog_f.begin(), sw.dlog_f.begin() + L, p.dlog_f + row * T + t0);
     }
+    if (!p.dC0) return;
     std::copy(dC, dC + Dk * Dv, p.dC0 + row * Dk * Dv);
     std::copy(dn, dn + Dk, p.dn0 + row * Dk);
     p.dm0[row] = dm;
@@ -628,7 +660,8 @@ void xlstm_zoo_mlstm_chunk_forward_f32(const float* q, const float* k, const flo
     run_blocks(p, forward_block, false, threads);
 }
 
-// The forward; C_in .. den null for inference (nothing kept), else sized as Sequence says; starts [B, T] or null.
+// The forward; C0, n0, m0 null for the zero state; C_in .. den null for inference (nothing kept), else sized as
+// Sequence says; starts [B, T] or null.
 void xlstm_zoo_mlstm_sequence_forward_f32(const float* q, const float* k, const float* v, const int64_t* strides,
                                           const float* log_i, const float* log_f, const uint8_t* starts,
                                           const float* C0, const float* n0,
@@ -642,7 +675,8 @@ void xlstm_zoo_mlstm_sequence_forward_f32(const float* q, const float* k, const 
     run_blocks(p, sequence_row, false, threads);
 }
 
-// The backward of a forward that kept C_in .. den; dC, dn, dm may be null (no gradient on the final state).
+// The backward of a forward that kept C_in .. den; dC, dn, dm may be null (no gradient on the final state),
+// dC0, dn0, dm0 too (none wanted on the initial one); zero_state: the forward ran from the zero state.
 void xlstm_zoo_mlstm_sequence_backward_f32(const float* q, const float* k, const float* v, const int64_t* strides,
                                            const float* log_i, const float* log_f, const uint8_t* starts,
                                            const float* h, const float* C_in,
@@ -651,8 +685,9 @@ void xlstm_zoo_mlstm_sequence_backward_f32(const float* q, const float* k, const
                                            const float* dn, const float* dm, float* dq, float* dk, float* dv,
                                            float* dlog_i, float* dlog_f, float* dC0, float* dn0, float* dm0,
                                            int64_t batch, int64_t heads, int64_t T, int64_t L, int64_t Dk,
-                                           int64_t Dv, float scale, float eps, int64_t threads) {
+                                           int64_t Dv, int64_t zero_state, float scale, float eps, int64_t threads) {
     Sequence p = sequence_call(q, k, v, strides, log_i, log_f, starts, batch, heads, T, L, Dk, Dv, scale, eps);
+    p.zero_state = zero_state != 0;
     p.h = const_cast<float*>(h);  // read only here
     p.C_in = const_cast<float*>(C_in), p.n_in = const_cast<float*>(n_in), p.m_in = const_cast<float*>(m_in);
     p.scores = const_cast<float*>(scores), p.qn = const_cast<float*>(qn), p.den = const_cast<float*>(den);

@@ -4,7 +4,8 @@ function and gradient.
 Checked against the reference op in float64 at float32 tolerances (within 4x the error of the per-chunk
 kernels' path on the same float32 inputs): q, k, v as strided views of [B, T, H*D] projections, tail and
 single short chunks, an initial state, every gate scheme, strong forgetting; gradients of the output and
-of the final state with respect to q, k, v, both gates' pre-activations and the initial state. Also: when
+of the final state with respect to q, k, v, both gates' pre-activations and the initial state, and without
+the initial state's (state=None, or a state that wants none) or the final state's. Also: when
 it runs (float32 CPU, at least one (batch, head) row per thread) and when it does not, the caller's state
 left as it was, and the same bits on any thread count.
 """
@@ -213,6 +214,37 @@ def test_gradients_equal_float64_reference(B, H, T, dk, dv, chunk, gates, forget
     outs_64, grads_64 = losses_and_grads(reference_sequence, inputs, state, torch.float64, gates, chunk)
     names = ("h", "C", "n", "m", "dq", "dk", "dv", "di", "df", "dC0", "dn0", "dm0")
     for name, a, a_chunks, b in zip(names, (*outs, *grads), (*outs_chunks, *grads_chunks), (*outs_64, *grads_64)):
+        assert a.dtype == torch.float32 and torch.isfinite(a).all(), name
+        err, err_chunks = relative_error(a, b), relative_error(a_chunks, b)
+        assert err <= max(4 * err_chunks, 2e-5), f"{name}: max error {err:.2e} (per-chunk kernels: {err_chunks:.2e})"
+
+
+def outputs_and_grads(fn, inputs, state, dtype, final_grad: bool, chunk, seed=23):
+    """h (and, with ``final_grad``, the final state) and the gradients of a fixed weighted sum of them with
+    respect to q, k, v and the gates only: ``state`` is None or a state that wants no gradient."""
+    leaves = [t.to(dtype).detach().requires_grad_(True) for t in inputs]
+    given = None if state is None else MLSTMState(*(t.to(dtype) for t in state))
+    h, final = fn(*leaves, given, gates=GATES, chunk_size=chunk)
+    outs = (h, *final) if final_grad else (h,)
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=torch.float64).to(dtype)).sum() for t in outs)
+    return (*outs, *torch.autograd.grad(loss, leaves))
+
+
+@pytest.mark.parametrize("T,chunk", [(21, 64), (100, 32)])  # one short chunk (the formal tasks' shape); four
+@pytest.mark.parametrize("given", [False, True])  # state=None, or a state that wants no gradient
+@pytest.mark.parametrize("final_grad", [False, True])
+def test_gradients_without_an_initial_state_gradient(T, chunk, given, final_grad):
+    # state=None runs from the zero state with its terms skipped, no wanted initial-state gradient skips the
+    # first chunk's, no final-state gradient the last chunk's carry step: none of it may change a result.
+    inputs = projections(3, 2, T, 16, 8, seed=T + 5)
+    state = random_state(3, 2, 16, 8, seed=T + 6) if given else None
+    ours = outputs_and_grads(cpp_mlstm.mlstm_sequence, inputs, state, torch.float32, final_grad, chunk)
+    chunks = outputs_and_grads(reference_with_chunk_kernels, inputs, state, torch.float32, final_grad, chunk)
+    exact = outputs_and_grads(reference_sequence, inputs, state, torch.float64, final_grad, chunk)
+    names = ("h", "C", "n", "m")[:len(ours) - 5] + ("dq", "dk", "dv", "di", "df")
+    assert len(names) == len(ours) == len(exact)
+    for name, a, a_chunks, b in zip(names, ours, chunks, exact):
         assert a.dtype == torch.float32 and torch.isfinite(a).all(), name
         err, err_chunks = relative_error(a, b), relative_error(a_chunks, b)
         assert err <= max(4 * err_chunks, 2e-5), f"{name}: max error {err:.2e} (per-chunk kernels: {err_chunks:.2e})"

@@ -216,7 +216,8 @@ def test_cli_runs_selected_cases(run_cli, tmp_path):
     assert "torch.get_num_threads()=" in err and "CPUs=" in err
     assert "op/mlstm_chunkwise/fwd" in out and "op/mlstm_chunkwise/fwdbwd" in out and "fwd/mlstm_block" not in out
     data = json.loads((tmp_path / "results.json").read_text())
-    assert [r["case"] for r in data["rows"]] == ["op/mlstm_chunkwise/fwd", "op/mlstm_chunkwise/fwdbwd"]
+    assert [r["case"] for r in data["rows"]] == ["op/mlstm_chunkwise/fwd", "op/mlstm_chunkwise/fwdbwd",
+                                                 "op/mlstm_chunkwise/short_fwdbwd"]
     assert data["meta"]["scale"]["name"] == "smoke" and data["meta"]["repeats"] == 1
     code, out, err = run_cli("bench", "--quick", "--list", "--only", "sweep/*")
     assert code == 0

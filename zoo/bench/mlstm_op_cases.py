@@ -59,7 +59,25 @@ def op_cases(scale: Scale) -> list[Case]:
 
         cases.append(Case(f"op/mlstm_chunkwise/{label}", group + (" fwd+bwd" if backward else " fwd"), shapes,
                           ours, baseline, baseline_name="mlstm_kernels"))
-    return cases
+    return cases + [_short_case(scale)]
+
+
+def _short_case(scale: Scale) -> Case:
+    """Forward+backward on one chunk shorter than the chunk size, from the zero state: a formal-language
+    training step's shape, where the initial state's terms and the final state's carry were most of the work."""
+    B, T, D, L = scale.short_batch, scale.short_seq_len, scale.short_head_dim, scale.chunk_size
+
+    def ours():
+        return Prepared(_op_callable(_our_mlstm(L), _qkvif(B, 1, T, D, scale.seed, True), True),
+                        note="mlstm_sequence chunkwise (default dispatch), state=None")
+
+    def baseline():  # its chunkwise kernels need T to be a multiple of the chunk size; one chunk is the parallel form
+        kernel = official_mlstm_kernel("parallel--native_autograd")
+        return Prepared(_op_callable(kernel, _qkvif(B, 1, T, D, scale.seed, True), True),
+                        note="parallel--native_autograd")
+
+    return Case("op/mlstm_chunkwise/short_fwdbwd", "mLSTM op fwd+bwd, one short chunk",
+                f"B={B} H=1 T={T} Dqk=Dv={D} chunk={L} fp32", ours, baseline, baseline_name="mlstm_kernels")
 
 
 def parallel_bytes(batch: int, heads: int, seq_len: int) -> int:
