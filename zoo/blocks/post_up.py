@@ -53,12 +53,11 @@ class PostUpBlock(Block):
 
     @packed.takes_doc_starts
     def forward(self, x, state=None, *, doc_starts=None):
-        if state is None:
-            state = self.init_state(x.shape[0])
+        cell_state, conv_state = (None, None) if state is None else state  # None: the parts' zero states
         h = self.norm(x)
         gate_in, conv_state = ((h, None) if self.conv is None
-                               else packed.run_packed(self.conv, h, state.conv, doc_starts, silu=True))
-        y, cell_state = packed.run_packed(self.cell, gate_in, state.cell, doc_starts, value_input=h)
+                               else packed.run_packed(self.conv, h, conv_state, doc_starts, silu=True))
+        y, cell_state = packed.run_packed(self.cell, gate_in, cell_state, doc_starts, value_input=h)
         return self._out(x, y), ConvBlockState(cell_state, conv_state)
 
     def step(self, x_t, state):

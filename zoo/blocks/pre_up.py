@@ -77,11 +77,11 @@ class PreUpBlock(Block):
 
     @packed.takes_doc_starts
     def forward(self, x, state=None, *, doc_starts=None):
-        if state is None:
-            state = self.init_state(x.shape[0])
+        # No state: the parts start from their zero states themselves (the mLSTM kernel then skips its terms).
+        cell_state, conv_state = (None, None) if state is None else state
         inner, z = self.up(self.norm(x)).chunk(2, dim=-1)
-        x_conv, conv_state = packed.run_packed(self.conv, inner, state.conv, doc_starts, silu=True)
-        y, cell_state = packed.run_packed(self.cell, x_conv, state.cell, doc_starts, value_input=inner)
+        x_conv, conv_state = packed.run_packed(self.conv, inner, conv_state, doc_starts, silu=True)
+        y, cell_state = packed.run_packed(self.cell, x_conv, cell_state, doc_starts, value_input=inner)
         return self._out(x, x_conv, z, y), ConvBlockState(cell_state, conv_state)
 
     def step(self, x_t, state):
