@@ -583,7 +583,7 @@ void sequence_backward_row(const Sequence& p, int64_t row, SequenceWorkspace& sw
     else std::fill(dn, dn + Dk, 0.0f);
     float dm = p.dm ? p.dm[row] : 0.0f;
     // No gradient on the final state: the last chunk's carry step adds exact zeros, so it is skipped.
-    bool state_grad = p.dC || p.dn || p.dm;
+    const bool final_grad = p.dC || p.dn || p.dm;
     const float *log_i = p.log_i + row * T, *log_f = p.log_f + row * T;
     for (int64_t c = NC - 1; c >= 0; --c) {
         const int64_t t0 = c * L_full, at = row * NC + c;
@@ -603,10 +603,9 @@ void sequence_backward_row(const Sequence& p, int64_t row, SequenceWorkspace& sw
                          sw.dq.data(), sw.dk.data(), sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(),
                          entering ? sw.dC0.data() : nullptr, entering ? sw.dn0.data() : nullptr, &dm0, starts};
         chunk_backward(b, sw.w);
-        if (state_grad)
+        if (c < NC - 1 || final_grad)  // earlier chunks carry the later ones' entering-state gradients
             carry_backward(s, sw.k.data(), sw.v.data(), log_i + t0, log_f + t0, C_in, n_in, p.m_in[at], dC, dn, dm,
                            sw.dk.data(), sw.dv.data(), sw.dlog_i.data(), sw.dlog_f.data(), sw, starts);
-        state_grad = true;  // from here on the chunk's entering-state gradient flows on
         if (entering) {
             for (int64_t i = 0; i < Dk * Dv; ++i) dC[i] += sw.dC0[i];
             for (int64_t i = 0; i < Dk; ++i) dn[i] += sw.dn0[i];

@@ -186,14 +186,28 @@ def test_state_left_alone_and_same_bits_on_any_thread_count():
         assert torch.equal(h, h_other) and all(torch.equal(a, b) for a, b in zip(final, final_other))
 
 
-def losses_and_grads(fn, inputs, state, dtype, gates, chunk, seed=17):
+def losses_and_grads(fn, inputs, state, dtype, gates, chunk, seed=17, *, state_grad=True, final_grad=True):
     """h, the final state, and the gradients of one fixed weighted sum of h and the final state (C, n, m)
-    with respect to q, k, v, i_pre, f_pre and the initial state."""
-    leaves = [t.to(dtype).detach().requires_grad_(True) for t in (*inputs, *state)]
-    h, final = fn(*leaves[:5], MLSTMState(*leaves[5:]), gates=gates, chunk_size=chunk)
+    with respect to q, k, v, i_pre, f_pre and the initial state. Without ``state_grad`` the initial state
+    (or None) wants no gradient; without ``final_grad`` the sum and the outputs returned are of h alone."""
+    leaves = [t.to(dtype).detach().requires_grad_(True) for t in inputs]
+    given = None if state is None else [t.to(dtype).detach().requires_grad_(state_grad) for t in state]
+    if state_grad:
+        leaves += given
+    h, final = fn(*leaves[:5], None if given is None else MLSTMState(*given), gates=gates, chunk_size=chunk)
+    outs = (h, *final) if final_grad else (h,)
     g = torch.Generator().manual_seed(seed)
-    loss = sum((t * torch.randn(t.shape, generator=g, dtype=torch.float64).to(dtype)).sum() for t in (h, *final))
-    return (h, *final), torch.autograd.grad(loss, leaves)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=torch.float64).to(dtype)).sum() for t in outs)
+    return outs, torch.autograd.grad(loss, leaves)
+
+
+def assert_within_float32_error(names, ours, per_chunk, exact):
+    """Each of ours within 4x the per-chunk kernels' error against the float64 values (or 2e-5)."""
+    assert len(names) == len(ours) == len(per_chunk) == len(exact)
+    for name, a, a_chunks, b in zip(names, ours, per_chunk, exact):
+        assert a.dtype == torch.float32 and torch.isfinite(a).all(), name
+        err, err_chunks = relative_error(a, b), relative_error(a_chunks, b)
+        assert err <= max(4 * err_chunks, 2e-5), f"{name}: max error {err:.2e} (per-chunk kernels: {err_chunks:.2e})"
 
 
 def reference_with_chunk_kernels(*args, **kwargs):
@@ -213,22 +227,7 @@ def test_gradients_equal_float64_reference(B, H, T, dk, dv, chunk, gates, forget
                                                  chunk)
     outs_64, grads_64 = losses_and_grads(reference_sequence, inputs, state, torch.float64, gates, chunk)
     names = ("h", "C", "n", "m", "dq", "dk", "dv", "di", "df", "dC0", "dn0", "dm0")
-    for name, a, a_chunks, b in zip(names, (*outs, *grads), (*outs_chunks, *grads_chunks), (*outs_64, *grads_64)):
-        assert a.dtype == torch.float32 and torch.isfinite(a).all(), name
-        err, err_chunks = relative_error(a, b), relative_error(a_chunks, b)
-        assert err <= max(4 * err_chunks, 2e-5), f"{name}: max error {err:.2e} (per-chunk kernels: {err_chunks:.2e})"
-
-
-def outputs_and_grads(fn, inputs, state, dtype, final_grad: bool, chunk, seed=23):
-    """h (and, with ``final_grad``, the final state) and the gradients of a fixed weighted sum of them with
-    respect to q, k, v and the gates only: ``state`` is None or a state that wants no gradient."""
-    leaves = [t.to(dtype).detach().requires_grad_(True) for t in inputs]
-    given = None if state is None else MLSTMState(*(t.to(dtype) for t in state))
-    h, final = fn(*leaves, given, gates=GATES, chunk_size=chunk)
-    outs = (h, *final) if final_grad else (h,)
-    g = torch.Generator().manual_seed(seed)
-    loss = sum((t * torch.randn(t.shape, generator=g, dtype=torch.float64).to(dtype)).sum() for t in outs)
-    return (*outs, *torch.autograd.grad(loss, leaves))
+    assert_within_float32_error(names, (*outs, *grads), (*outs_chunks, *grads_chunks), (*outs_64, *grads_64))
 
 
 @pytest.mark.parametrize("T,chunk", [(21, 64), (100, 32)])  # one short chunk (the formal tasks' shape); four
@@ -239,15 +238,13 @@ def test_gradients_without_an_initial_state_gradient(T, chunk, given, final_grad
     # first chunk's, no final-state gradient the last chunk's carry step: none of it may change a result.
     inputs = projections(3, 2, T, 16, 8, seed=T + 5)
     state = random_state(3, 2, 16, 8, seed=T + 6) if given else None
-    ours = outputs_and_grads(cpp_mlstm.mlstm_sequence, inputs, state, torch.float32, final_grad, chunk)
-    chunks = outputs_and_grads(reference_with_chunk_kernels, inputs, state, torch.float32, final_grad, chunk)
-    exact = outputs_and_grads(reference_sequence, inputs, state, torch.float64, final_grad, chunk)
-    names = ("h", "C", "n", "m")[:len(ours) - 5] + ("dq", "dk", "dv", "di", "df")
-    assert len(names) == len(ours) == len(exact)
-    for name, a, a_chunks, b in zip(names, ours, chunks, exact):
-        assert a.dtype == torch.float32 and torch.isfinite(a).all(), name
-        err, err_chunks = relative_error(a, b), relative_error(a_chunks, b)
-        assert err <= max(4 * err_chunks, 2e-5), f"{name}: max error {err:.2e} (per-chunk kernels: {err_chunks:.2e})"
+    runs = [losses_and_grads(fn, inputs, state, dtype, GATES, chunk, seed=23, state_grad=False, final_grad=final_grad)
+            for fn, dtype in ((cpp_mlstm.mlstm_sequence, torch.float32), (reference_with_chunk_kernels, torch.float32),
+                              (reference_sequence, torch.float64))]
+    ours = runs[0][0]
+    assert ours[0].grad_fn.name() == "_CppSequenceBackward"
+    names = ("h", "C", "n", "m")[:len(ours)] + ("dq", "dk", "dv", "di", "df")
+    assert_within_float32_error(names, *((*outs, *grads) for outs, grads in runs))
 
 
 def test_gradient_of_h_alone():

@@ -57,9 +57,8 @@ QUICK = replace(FULL, name="quick", sweep_lengths=(256, 1024, 4096), official_pr
 SMOKE = replace(FULL, name="smoke", batch=1, seq_len=32, dim=16, heads=4, op_head_dim=8, chunk_size=8,
                 sweep_lengths=(16, 32, 64), sweep_ref=32, positions=(2, 8), official_prefill_max=8,
                 large_dims=(32,), large_seq_len=32, large_vocab=50, large_blocks=2, large_step_batches=(1, 2),
-                large_prefill=8, linear_rows=(1, 2), linear_size=64, gemm_size=64, lm_batch=2, short_batch=2,
-                short_seq_len=5, short_head_dim=8,
-                lm_seq_len=16, lm_vocab=64)
+                large_prefill=8, linear_rows=(1, 2), linear_size=64, gemm_size=64, lm_batch=2,
+                lm_seq_len=16, lm_vocab=64, short_batch=2, short_seq_len=5, short_head_dim=8)
 SCALES = {s.name: s for s in (FULL, QUICK, SMOKE)}
 
 
